@@ -1,0 +1,190 @@
+"""The capture record: one model call made by a harness, exactly as the policy saw and produced it.
+
+This is the contract between the interception shim (which writes records) and the tree builder /
+trainer (which reads them). Token ids are the ground truth: nothing downstream re-tokenizes text the
+policy generated. The log is append-only JSON lines, fsync'd per record, so a crash loses nothing
+that was acknowledged; a torn final line (crash mid-write) is detected and ignored on read.
+
+Schema history:
+  1: initial version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Rollout statuses. Only "ok" rollouts carry a reward that may be trained on.
+ROLLOUT_STATUSES = ("ok", "timeout", "task_error", "reward_error", "harness_error", "infra_error")
+FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
+
+
+class CaptureError(ValueError):
+    """A record breaks the schema; the message names the rollout and call."""
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """One model call. `prompt_ids + completion_ids` is the exact token sequence of the call."""
+
+    rollout_id: str
+    session_id: str
+    group_id: str  # the task (and sample group) this rollout belongs to
+    harness: str
+    call_index: int  # 0-based order of the call within its session
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each completion token under `weight_version`
+    weight_version: int
+    finish_reason: str
+    call_id: str = ""
+    parent_call_id: str | None = None  # the call whose prompt+completion this prompt extends/branches
+    # Length of the longest common token prefix with the parent's prompt+completion (shim-computed).
+    prefix_match_len: int | None = None
+    # Routed experts per completion token: flat int list with shape [len(completion), layers, top_k].
+    routed_experts: list[int] | None = None
+    routed_experts_shape: tuple[int, int, int] | None = None
+    api: str = ""  # openai_chat | openai_responses | anthropic_messages | native
+    status: str = "ok"  # ok | aborted (client went away mid-generation)
+    t_start: float = 0.0
+    t_end: float = 0.0
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def where(self) -> str:
+        return f"rollout {self.rollout_id!r} call {self.call_index} ({self.call_id or 'no id'})"
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raises CaptureError naming the rollout and call when the record cannot be trained on."""
+        if self.schema_version != SCHEMA_VERSION:
+            raise CaptureError(f"{self.where()}: schema_version {self.schema_version} != {SCHEMA_VERSION}")
+        if len(self.logprobs) != len(self.completion_ids):
+            raise CaptureError(
+                f"{self.where()}: {len(self.logprobs)} logprobs for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
+        if not self.completion_ids and self.status == "ok":
+            raise CaptureError(f"{self.where()}: empty completion")
+        if not self.prompt_ids:
+            raise CaptureError(f"{self.where()}: empty prompt")
+        if self.finish_reason not in FINISH_REASONS:
+            raise CaptureError(f"{self.where()}: finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
+        if vocab_size is not None:
+            for name, ids in (("prompt_ids", self.prompt_ids), ("completion_ids", self.completion_ids)):
+                bad = [t for t in ids if not 0 <= t < vocab_size]
+                if bad:
+                    raise CaptureError(f"{self.where()}: {name} has token id {bad[0]} outside vocab {vocab_size}")
+        if self.routed_experts is not None:
+            shape = self.routed_experts_shape
+            if shape is None or shape[0] != len(self.completion_ids):
+                raise CaptureError(f"{self.where()}: routed_experts_shape {shape} does not match completion")
+            if shape[0] * shape[1] * shape[2] != len(self.routed_experts):
+                n = len(self.routed_experts)
+                raise CaptureError(f"{self.where()}: routed_experts has {n} ids for shape {shape}")
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    """How one rollout ended. `reward` is None unless status == 'ok'."""
+
+    rollout_id: str
+    group_id: str
+    harness: str
+    status: str
+    reward: float | None = None
+    sub_scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    session_ids: list[str] = dataclasses.field(default_factory=list)
+    message: str = ""
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def validate(self) -> None:
+        if self.status not in ROLLOUT_STATUSES:
+            raise CaptureError(f"rollout {self.rollout_id!r}: status {self.status!r} not in {ROLLOUT_STATUSES}")
+        if self.status == "ok" and self.reward is None:
+            raise CaptureError(f"rollout {self.rollout_id!r}: status ok but no reward")
+
+
+def to_json(rec: CallRecord | RolloutResult) -> str:
+    kind = "call" if isinstance(rec, CallRecord) else "result"
+    return json.dumps({"kind": kind, **dataclasses.asdict(rec)}, separators=(",", ":"))
+
+
+def from_json(line: str) -> CallRecord | RolloutResult:
+    d = json.loads(line)
+    kind = d.pop("kind", None)
+    if kind == "call":
+        if d.get("routed_experts_shape") is not None:
+            d["routed_experts_shape"] = tuple(d["routed_experts_shape"])
+        return CallRecord(**d)
+    if kind == "result":
+        return RolloutResult(**d)
+    raise CaptureError(f"unknown record kind {kind!r}")
+
+
+class CaptureLog:
+    """Append-only, fsync-per-record JSONL log. Safe to share between threads of one process.
+
+    `append` returns only once the record is on disk: the shim calls it before finishing a
+    response, so an acknowledged call survives a crash of the shim.
+    """
+
+    def __init__(self, path: str | os.PathLike, fsync: bool = True):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._repair_torn_tail()
+        self._f = open(self.path, "ab")
+
+    def _repair_torn_tail(self) -> None:
+        """A crash mid-write leaves a final line without newline; cut it so appends stay parseable."""
+        if not self.path.exists():
+            return
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, rec: CallRecord | RolloutResult) -> None:
+        line = (to_json(rec) + "\n").encode()
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+            if self._fsync:
+                os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+    def __enter__(self) -> CaptureLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_log(path: str | os.PathLike) -> Iterator[CallRecord | RolloutResult]:
+    """Yields every complete record; a torn final line is skipped, a corrupt middle line raises."""
+    path = pathlib.Path(path)
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    last = len(lines) - 1  # after the final "\n" split gives b"" (or a torn line)
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            yield from_json(raw.decode())
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+            if i == last:
+                return  # torn tail: the writer died mid-record, nothing acknowledged is lost
+            raise CaptureError(f"{path}:{i + 1}: corrupt capture record: {e}") from e
