@@ -107,3 +107,97 @@ def test_reference_matches_naive_loop():
     out = ao.attend(q, k, v, segment_ids_BxT=jnp.asarray(seg), subtree_end_BxT=jnp.asarray(end), impl="reference")
     np.testing.assert_allclose(np.asarray(out), naive_attention(q, k, v, mask), atol=1e-5)
     assert np.all(np.asarray(out)[seg == 0] == 0)
+
+
+def _grads(impl, q, k, v, seg, end, **kw):
+    w = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+
+    def f(q, k, v):
+        out = ao.attend(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, impl=impl, **kw)
+        return jnp.sum(out * w), out
+
+    return jax.grad(f, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+
+BLOCKS = [(16, 16), (32, 16), (16, 32), (64, 64)]
+
+
+@pytest.mark.parametrize("seed,blocks", list(enumerate(BLOCKS)))
+def test_blockwise_matches_reference_on_random_trees(seed, blocks):
+    B, T, H, K, D = 3, 120, 4, 2, 8  # T not a block multiple: exercises internal padding
+    seg, _, end, _ = random_rows(seed, B, T)
+    seg, end = jnp.asarray(seg), jnp.asarray(end)
+    q, k, v = qkv(seed, B, T, H, K, D)
+    g_ref, out_ref = _grads("reference", q, k, v, seg, end)
+    g_blk, out_blk = _grads("blockwise", q, k, v, seg, end, block_q=blocks[0], block_k=blocks[1])
+    chex.assert_trees_all_close(out_blk, out_ref, atol=1e-5)
+    chex.assert_trees_all_close(g_blk, g_ref, atol=1e-5)
+    chex.assert_tree_all_finite(g_blk)
+    assert np.all(np.asarray(out_blk)[np.asarray(seg) == 0] == 0)
+
+
+@pytest.mark.parametrize("impl", ["causal", "blockwise", "auto"])
+def test_causal_segments(impl):
+    B, T, H, K, D = 2, 96, 6, 3, 16
+    seg, _, end, _ = random_rows(7, B, T, max_trees=4, causal=True)
+    seg, end = jnp.asarray(seg), jnp.asarray(end)
+    chex.assert_trees_all_equal(ao.segment_subtree_end(seg)[seg != 0], end[seg != 0])
+    q, k, v = qkv(1, B, T, H, K, D)
+    g_ref, out_ref = _grads("reference", q, k, v, seg, end)
+    g_c, out_c = _grads(impl, q, k, v, seg, None if impl == "causal" else end, block_q=32, block_k=16)
+    chex.assert_trees_all_close(out_c, out_ref, atol=1e-5)
+    chex.assert_trees_all_close(g_c, g_ref, atol=1e-5)
+
+
+def test_all_padding_row_is_zero_and_finite():
+    q, k, v = qkv(2, 2, 32, 2, 1, 4)
+    seg = jnp.zeros((2, 32), jnp.int32).at[0, :5].set(1)
+    end = ao.segment_subtree_end(seg)
+    g, out = _grads("blockwise", q, k, v, seg, end, block_q=8, block_k=8)
+    chex.assert_tree_all_finite((g, out))
+    assert float(jnp.abs(out[1]).max()) == 0.0 and float(jnp.abs(g[0][1]).max()) == 0.0
+
+
+def test_blocks_are_skipped():
+    """Two disjoint branches under a short prefix: branch-2 queries must not visit branch-1 key blocks."""
+    T, b = 64, 16
+    seg = jnp.ones((1, T), jnp.int32)
+    end = jnp.concatenate([jnp.full((16,), T - 1), jnp.full((24,), 39), jnp.full((24,), T - 1)])[None]
+    bl = ao._block_lists(seg, end.astype(jnp.int32), b, b, causal=False)
+    # query blocks 0..3; block 3 covers [48, 64) in branch 2: sees the prefix block 0 and blocks 2 (40..47), 3
+    np.testing.assert_array_equal(bl.count, [1, 2, 3, 3])
+    np.testing.assert_array_equal(np.sort(np.asarray(bl.kidx[3, :3])), [0, 2, 3])
+
+
+def test_jit_once_for_different_trees():
+    traces = []
+    B, T, H, K, D = 2, 64, 2, 1, 8
+
+    @jax.jit
+    def step(q, k, v, seg, end):
+        traces.append(1)
+        f = lambda q: jnp.sum(ao.attend(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, block_q=16, block_k=16))
+        return jax.value_and_grad(f)(q)
+
+    q, k, v = qkv(0, B, T, H, K, D)
+    for seed in (0, 1, 2):
+        seg, _, end, _ = random_rows(seed, B, T)
+        step(q, k, v, jnp.asarray(seg), jnp.asarray(end))
+    assert len(traces) == 1
+
+
+def test_bf16_inputs_close_to_fp32():
+    B, T, H, K, D = 1, 64, 4, 2, 16
+    seg, _, end, _ = random_rows(4, B, T)
+    seg, end = jnp.asarray(seg), jnp.asarray(end)
+    q, k, v = qkv(3, B, T, H, K, D)
+    ref = ao.attend(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, impl="reference")
+    out = ao.attend(*(x.astype(jnp.bfloat16) for x in (q, k, v)), segment_ids_BxT=seg, subtree_end_BxT=end)
+    assert out.dtype == jnp.bfloat16
+    chex.assert_trees_all_close(out.astype(jnp.float32), ref, atol=5e-2)
+
+
+def test_unknown_impl():
+    q, k, v = qkv(0, 1, 8, 2, 1, 4)
+    with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
+        ao.attend(q, k, v, segment_ids_BxT=jnp.ones((1, 8), jnp.int32), impl="flash")

@@ -30,6 +30,10 @@ batched matmuls over kv heads, so XLA:CPU runs them with its threaded dot kernel
 
 from __future__ import annotations
 
+import functools
+import math
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
@@ -76,6 +80,179 @@ def _reference(q, k, v, mask_BxTxT):
     return out.reshape(B, T, H, D).astype(q.dtype)
 
 
+class _Blocks(NamedTuple):
+    """Per-block O(T) data of a batch of packed rows, flattened over (row, block)."""
+
+    seg_q: Array  # [NQ, bq] segment ids of each query block
+    idx_q: Array  # [NQ, bq] in-row token index
+    seg_k: Array  # [NK, bk]
+    idx_k: Array  # [NK, bk]
+    end_k: Array  # [NK, bk] subtree_end (segment end for the causal mask)
+    kidx: Array  # [NQ, nk] global key-block ids, the visible ones first
+    count: Array  # [NQ] how many key blocks query block qi sees
+
+
+def _block_lists(seg, end, bq: int, bk: int, causal: bool) -> _Blocks:
+    """Which key blocks each query block can see, from O(T) summaries (conservative: never drops one).
+
+    A pair is visible if some key j <= some query i (ks <= qe), some key's subtree reaches the query block
+    (max subtree_end >= qs), and their segment ranges overlap. The result is compacted with a stable sort
+    so the kernel's inner loop has a data-dependent trip count instead of a static nq x nk sweep.
+    """
+    B, T = seg.shape
+    nq, nk = T // bq, T // bk
+    idx = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    valid = seg != 0
+    big = jnp.iinfo(jnp.int32).max
+
+    def summary(x, valid_x, n, fill, red):
+        return red(jnp.where(valid_x, x, fill).reshape(B, n, -1), axis=-1)
+
+    q_lo, q_hi = idx.reshape(B, nq, bq)[..., 0], idx.reshape(B, nq, bq)[..., -1]
+    qs_min, qs_max = summary(seg, valid, nq, big, jnp.min), summary(seg, valid, nq, -1, jnp.max)
+    k_lo = idx.reshape(B, nk, bk)[..., 0]
+    ks_min, ks_max = summary(seg, valid, nk, big, jnp.min), summary(seg, valid, nk, -1, jnp.max)
+    k_end = summary(end, valid, nk, -1, jnp.max)
+    vis = (
+        (k_lo[:, None, :] <= q_hi[:, :, None])
+        & (k_end[:, None, :] >= q_lo[:, :, None])
+        & (ks_min[:, None, :] <= qs_max[:, :, None])
+        & (ks_max[:, None, :] >= qs_min[:, :, None])
+    )
+    order = jnp.argsort(~vis, axis=-1, stable=True).astype(jnp.int32)
+    kidx = (order + (jnp.arange(B, dtype=jnp.int32) * nk)[:, None, None]).reshape(B * nq, nk)
+    return _Blocks(
+        seg_q=seg.reshape(B * nq, bq),
+        idx_q=idx.reshape(B * nq, bq),
+        seg_k=seg.reshape(B * nk, bk),
+        idx_k=idx.reshape(B * nk, bk),
+        end_k=(jnp.full_like(end, big) if causal else end).reshape(B * nk, bk),
+        kidx=kidx,
+        count=vis.sum(-1).reshape(B * nq).astype(jnp.int32),
+    )
+
+
+def _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups: int):
+    """[G*bq, bk] mask of one block pair (rows ordered (group, query) like the q block)."""
+    m = (
+        (seg_q[:, None] == seg_k[None, :])
+        & (seg_q[:, None] != 0)
+        & (idx_k[None, :] <= idx_q[:, None])
+        & (idx_q[:, None] <= end_k[None, :])
+    )
+    return jnp.tile(m, (groups, 1))
+
+
+def _kv_block(bl: _Blocks, kT, vT, kj, groups):
+    return kT[kj], vT[kj], (bl.seg_k[kj], bl.idx_k[kj], bl.end_k[kj])
+
+
+def _flash_fwd_impl(qT, kT, vT, bl: _Blocks, groups: int):
+    """Online-softmax forward over the visible key blocks of each query block. Returns (out, lse)."""
+    K, GQ, D = qT.shape[1:]
+
+    def per_query_block(xs):
+        q_blk, seg_q, idx_q, kidx, count = xs
+
+        def body(t, carry):
+            m, l, acc = carry
+            k_blk, v_blk, (seg_k, idx_k, end_k) = _kv_block(bl, kT, vT, kidx[t], groups)
+            mask = _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups)[None]
+            s = jnp.einsum("kqd,kcd->kqc", q_blk, k_blk, preferred_element_type=jnp.float32)
+            s = jnp.where(mask, s, _NEG)
+            m_new = jnp.maximum(m, s.max(-1))
+            p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+            alpha = jnp.exp(m - m_new)
+            pv = jnp.einsum("kqc,kcd->kqd", p.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
+            return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv
+
+        init = (jnp.full((K, GQ), _NEG, jnp.float32), jnp.zeros((K, GQ), jnp.float32), jnp.zeros((K, GQ, D)))
+        m, l, acc = jax.lax.fori_loop(0, count, body, init)
+        out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+        lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0)
+        return out.astype(qT.dtype), lse
+
+    return jax.lax.map(per_query_block, (qT, bl.seg_q, bl.idx_q, bl.kidx, bl.count))
+
+
+def _flash_bwd_impl(qT, kT, vT, bl: _Blocks, outT, lse, doT, groups: int):
+    """One pass over query blocks: dq per block, dk/dv accumulated in place into the visible key blocks."""
+    delta = jnp.einsum("nkqd,nkqd->nkq", doT.astype(jnp.float32), outT.astype(jnp.float32))
+
+    def per_query_block(carry, xs):
+        q_blk, do_blk, lse_blk, delta_blk, seg_q, idx_q, kidx, count = xs
+
+        def body(t, inner):
+            dq, dk_all, dv_all = inner
+            kj = kidx[t]
+            k_blk, v_blk, (seg_k, idx_k, end_k) = _kv_block(bl, kT, vT, kj, groups)
+            mask = _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups)[None]
+            s = jnp.einsum("kqd,kcd->kqc", q_blk, k_blk, preferred_element_type=jnp.float32)
+            p = jnp.where(mask, jnp.exp(s - lse_blk[..., None]), 0.0)
+            dp = jnp.einsum("kqd,kcd->kqc", do_blk, v_blk, preferred_element_type=jnp.float32)
+            ds = p * (dp - delta_blk[..., None])
+            dv_all = dv_all.at[kj].add(
+                jnp.einsum("kqc,kqd->kcd", p.astype(do_blk.dtype), do_blk, preferred_element_type=jnp.float32)
+            )
+            dk_all = dk_all.at[kj].add(
+                jnp.einsum("kqc,kqd->kcd", ds.astype(q_blk.dtype), q_blk, preferred_element_type=jnp.float32)
+            )
+            dq = dq + jnp.einsum("kqc,kcd->kqd", ds.astype(k_blk.dtype), k_blk, preferred_element_type=jnp.float32)
+            return dq, dk_all, dv_all
+
+        dq0 = jnp.zeros(q_blk.shape, jnp.float32)
+        dq, dk_all, dv_all = jax.lax.fori_loop(0, count, body, (dq0, *carry))
+        return (dk_all, dv_all), dq
+
+    zeros_kv = jnp.zeros(kT.shape, jnp.float32)
+    xs = (qT, doT, lse, delta, bl.seg_q, bl.idx_q, bl.kidx, bl.count)
+    (dk, dv), dq = jax.lax.scan(per_query_block, (zeros_kv, zeros_kv), xs)
+    return dq.astype(qT.dtype), dk.astype(kT.dtype), dv.astype(vT.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(qT, kT, vT, bl: _Blocks, groups: int):
+    return _flash_fwd_impl(qT, kT, vT, bl, groups)[0]
+
+
+def _flash_fwd(qT, kT, vT, bl, groups):
+    out, lse = _flash_fwd_impl(qT, kT, vT, bl, groups)
+    return out, (qT, kT, vT, bl, out, lse)
+
+
+def _flash_bwd(groups, res, doT):
+    qT, kT, vT, bl, out, lse = res
+    dq, dk, dv = _flash_bwd_impl(qT, kT, vT, bl, out, lse, doT, groups)
+    return dq, dk, dv, jax.tree.map(lambda _: None, bl)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool):
+    """Pad T, lay blocks out as [blocks, K, G*block, D] (kv-head-batched matmuls), run the flash kernel."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    G = H // K
+    bq, bk = min(bq, T), min(bk, T)
+    step = math.lcm(bq, bk)
+    Tp = -(-T // step) * step
+    if Tp != T:
+        pad = [(0, 0), (0, Tp - T)]
+        q, k, v = (jnp.pad(x, pad + [(0, 0), (0, 0)]) for x in (q, k, v))
+        seg, end = jnp.pad(seg, pad), jnp.pad(end, pad)
+    seg, end = seg.astype(jnp.int32), end.astype(jnp.int32)
+    bl = _block_lists(seg, end, bq, bk, causal)
+    nq, nk = Tp // bq, Tp // bk
+    qs = q * jnp.asarray(1.0 / math.sqrt(D), q.dtype)
+    qT = qs.reshape(B, nq, bq, K, G, D).transpose(0, 1, 3, 4, 2, 5).reshape(B * nq, K, G * bq, D)
+    kT = k.reshape(B, nk, bk, K, D).transpose(0, 1, 3, 2, 4).reshape(B * nk, K, bk, D)
+    vT = v.reshape(B, nk, bk, K, D).transpose(0, 1, 3, 2, 4).reshape(B * nk, K, bk, D)
+    outT = _flash(qT, kT, vT, bl, G)
+    out = outT.reshape(B, nq, K, G, bq, D).transpose(0, 1, 4, 2, 3, 5).reshape(B, Tp, H, D)
+    return out[:, :T]
+
+
 def attend(
     q_BxTxHxD: Float[Array, "B T H D"],
     k_BxTxKxD: Float[Array, "B T K D"],
@@ -88,8 +265,19 @@ def attend(
     block_k: int = 256,
 ) -> Float[Array, "B T H D"]:
     """Multi-head (GQA) attention under the packed-tree mask; softmax scale 1/sqrt(D), fp32 softmax."""
-    if subtree_end_BxT is None:
+    if subtree_end_BxT is None or impl == "causal":
         subtree_end_BxT = segment_subtree_end(segment_ids_BxT)
     if impl == "reference":
         return _reference(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, visibility_mask(segment_ids_BxT, subtree_end_BxT))
+    if impl in ("auto", "blockwise", "causal"):
+        return _blockwise(
+            q_BxTxHxD,
+            k_BxTxKxD,
+            v_BxTxKxD,
+            segment_ids_BxT,
+            subtree_end_BxT,
+            bq=block_q,
+            bk=block_k,
+            causal=impl == "causal",
+        )
     raise ValueError(f"unknown attention impl {impl!r}; expected one of ['auto', 'blockwise', 'causal', 'reference']")
