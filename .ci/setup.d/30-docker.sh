@@ -1,0 +1,18 @@
+# Docker engine for the docker sandbox tests: our own dockerd (own socket, data-root, no bridge, no
+# iptables: containers run with network_mode=none and reach only the shim through a Unix socket),
+# stopped by PID at exit; then the local sandbox image is built offline if missing.
+HRL_DOCKER_SOCK=/run/harness-rl-docker.sock
+HRL_DOCKER_ROOT=/var/lib/harness-rl-docker
+export DOCKER_HOST="unix://$HRL_DOCKER_SOCK"
+if ! docker info >/dev/null 2>&1; then
+  dockerd --iptables=false --ip6tables=false --bridge=none --data-root "$HRL_DOCKER_ROOT" \
+    --exec-root /run/harness-rl-docker-exec --pidfile /run/harness-rl-docker.pid \
+    -H "$DOCKER_HOST" >/tmp/harness-rl-dockerd.log 2>&1 &
+  HRL_DOCKERD_PID=$!
+  CLEANUP+=("kill $HRL_DOCKERD_PID; wait $HRL_DOCKERD_PID 2>/dev/null")
+  for _ in $(seq 1 100); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/harness-rl-dockerd.log; }
+fi
+if docker info >/dev/null 2>&1; then
+  python -m harness_env.images.build --if-missing
+fi

@@ -1,0 +1,177 @@
+"""One async sandbox interface for every backend (bwrap, docker, kubernetes).
+
+A rollout gets one sandbox: a workspace (mounted rw at /workspace), a private HOME (/home/agent),
+read-only mounts (the harness install dir, node), no network except the shim, which a forwarder
+started inside exposes as 127.0.0.1:`shim_port`, and CPU / memory / pids / wall-clock limits.
+The verifier's files are copied in with `copy_in` only after the harness exec returned, so the
+harness never sees them. Every backend records what it started so `reap()` at start-up can clean up
+after an orchestrator that died (kill -9) before calling `close()`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import pathlib
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+WORKSPACE = "/workspace"
+HOME = "/home/agent"
+SHIM_SOCKET_IN = "/run/hrl/shim.sock"  # where the shim's Unix socket appears inside the sandbox
+FORWARDER_IN = "/opt/hrl/forwarder.py"
+FORWARDER_HOST = pathlib.Path(__file__).with_name("forwarder.py")
+LABEL = "harness-rl.sandbox"  # docker/k8s label (and cgroup/state-dir name) marking our sandboxes
+
+
+class SandboxError(RuntimeError):
+    """Infrastructure failure (start, copy, backend gone): the runner retries these."""
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox could not be created or its first process could not be started."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-sandbox resource limits. cgroups when the host allows, else rlimits (see limits.py)."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 512
+    wall_s: float = 900.0  # whole-sandbox lifetime cap; each exec also takes its own timeout
+
+
+@dataclasses.dataclass(frozen=True)
+class Mount:
+    host: str
+    target: str
+    read_only: bool = True
+
+
+@dataclasses.dataclass
+class SandboxSpec:
+    """What a rollout needs. Paths are host paths; targets are paths inside the sandbox."""
+
+    workspace: pathlib.Path
+    home: pathlib.Path | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    mounts: list[Mount] = dataclasses.field(default_factory=list)
+    shim_socket: pathlib.Path | None = None  # host Unix socket of the shim
+    shim_port: int = 18080  # loopback TCP port the forwarder listens on inside the sandbox
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    name: str = ""  # usually the rollout id; becomes part of the sandbox id
+    image: str = "harness-rl/sandbox:latest"  # docker / kubernetes only
+
+    def sandbox_id(self) -> str:
+        stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.name)[:40].strip("-")
+        return f"{stem or 'sbx'}-{uuid.uuid4().hex[:8]}".lower()
+
+    def base_env(self) -> dict[str, str]:
+        env = {
+            "HOME": HOME,
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "TERM": "dumb",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+        }
+        if self.shim_socket is not None:
+            env["HRL_SHIM_URL"] = f"http://127.0.0.1:{self.shim_port}"
+        return {**env, **self.env}
+
+
+@dataclasses.dataclass
+class ExecResult:
+    exit_code: int  # negative: killed by that signal; -9 also after a timeout
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+    oom_killed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class Sandbox(abc.ABC):
+    """A started sandbox. Use as `async with await backend.create(spec) as sbx:`."""
+
+    def __init__(self, sandbox_id: str, spec: SandboxSpec):
+        self.id = sandbox_id
+        self.spec = spec
+        self.closed = False
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKSPACE,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Runs argv inside; on timeout kills its whole process tree and returns timed_out=True."""
+
+    @abc.abstractmethod
+    async def copy_in(self, src: str | os.PathLike, dest: str) -> None:
+        """Copies a host file or directory to `dest` inside the sandbox (visible to later execs)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Kills everything still running and removes the sandbox; idempotent."""
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class Backend(abc.ABC):
+    name: str = ""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Starts a sandbox; raises SandboxStartError when it cannot."""
+
+    @abc.abstractmethod
+    async def reap(self) -> int:
+        """Removes sandboxes left behind by dead orchestrators; returns how many were removed."""
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here?, why not). Tests skip cleanly on False."""
+        return True, ""
+
+
+_BACKENDS: dict[str, Callable[..., Backend]] = {}
+
+
+def register_backend(name: str):
+    def deco(factory):
+        factory.name = name
+        _BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def get_backend(name: str, **kwargs) -> Backend:
+    # Imports register the built-in backends lazily (docker/kubernetes SDKs are slow to import).
+    from harness_env.sandbox import bwrap, docker_sandbox, kubernetes_sandbox  # noqa: F401
+
+    if name not in _BACKENDS:
+        raise KeyError(f"unknown sandbox backend {name!r}; known: {sorted(_BACKENDS)}")
+    return _BACKENDS[name](**kwargs)
+
+
+def decode(b: bytes | None, limit: int = 1 << 20) -> str:
+    """Output as text, cut to the last `limit` bytes: a chatty harness must not fill the host's memory."""
+    if not b:
+        return ""
+    if len(b) > limit:
+        b = b[-limit:]
+    return b.decode("utf-8", "replace")

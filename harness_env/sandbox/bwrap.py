@@ -1,0 +1,205 @@
+"""bubblewrap backend: the embedded default. No daemon; a sandbox is a state dir + a cgroup.
+
+Each `exec` is one `bwrap` invocation with fresh namespaces (user, pid, net, ipc, uts, cgroup): the
+process runs as uid 1000 with no capabilities, sees only read-only /usr, a few /etc files, the
+workspace and HOME, and a loopback-only network where the in-sandbox forwarder exposes the shim.
+Because the pid namespace dies with its exec, nothing the harness started survives into the
+verifier's exec, and files copied in later (`reward/`) are bind-mounted only into later execs.
+`--die-with-parent` kills the namespace when the orchestrator dies; the cgroup (and the reaper at
+start-up) catches anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import shlex
+import shutil
+import signal
+import time
+from collections.abc import Mapping, Sequence
+
+from harness_env.sandbox import limits as limits_mod
+from harness_env.sandbox import reaper
+from harness_env.sandbox.base import (
+    FORWARDER_HOST,
+    FORWARDER_IN,
+    HOME,
+    SHIM_SOCKET_IN,
+    WORKSPACE,
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxSpec,
+    SandboxStartError,
+    decode,
+    register_backend,
+)
+
+ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
+                   "localtime", "nsswitch.conf", "mime.types", "gitconfig")
+UID = 1000
+ROOT_LINKS = {"/bin": "usr/bin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/sbin": "usr/sbin"}
+
+
+def _write_etc(etc: pathlib.Path) -> None:
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "passwd").write_text(f"root:x:0:0::/root:/bin/sh\nagent:x:{UID}:{UID}::{HOME}:/bin/bash\n")
+    (etc / "group").write_text(f"root:x:0:\nagent:x:{UID}:\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+    (etc / "hostname").write_text("sandbox\n")
+
+
+class BwrapSandbox(Sandbox):
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, backend: BwrapBackend, state: pathlib.Path):
+        super().__init__(sandbox_id, spec)
+        self.backend, self.state = backend, state
+        self.cgroup = limits_mod.Cgroup(backend.mode, sandbox_id)
+        self.copied: list[tuple[str, str]] = []  # (host path, target) bound into later execs
+        self.deadline = time.monotonic() + spec.limits.wall_s
+        self._running: set[asyncio.subprocess.Process] = set()
+
+    def _bwrap_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+        spec = self.spec
+        a = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(UID), "--gid", str(UID),
+             "--die-with-parent", "--new-session", "--hostname", "sandbox",
+             "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
+        for link, target in ROOT_LINKS.items():
+            a += ["--symlink", target, link]
+        for name in ETC_PASSTHROUGH:
+            a += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group", "hosts", "hostname"):
+            a += ["--ro-bind", str(self.state / "etc" / name), f"/etc/{name}"]
+        a += ["--bind", str(spec.workspace), WORKSPACE]
+        if spec.home is not None:
+            a += ["--bind", str(spec.home), HOME]
+        else:
+            a += ["--dir", HOME]
+        for m in spec.mounts:
+            a += ["--ro-bind" if m.read_only else "--bind", m.host, m.target]
+        for host, target in self.copied:
+            a += ["--bind", host, target]
+        if spec.shim_socket is not None:
+            a += ["--bind", str(spec.shim_socket), SHIM_SOCKET_IN, "--ro-bind", str(FORWARDER_HOST), FORWARDER_IN]
+        a += ["--chdir", cwd, "--clearenv"]
+        for k, v in env.items():
+            a += ["--setenv", k, v]
+        a.append("--")
+        if spec.shim_socket is not None:
+            a += ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, "--port", str(spec.shim_port),
+                  "--socket", SHIM_SOCKET_IN, "--"]
+        return a + list(argv)
+
+    def _launcher(self, bwrap_argv: list[str]) -> list[str]:
+        """Joins the cgroup before exec'ing bwrap (so every descendant is counted and killable)."""
+        if self.backend.mode == "rlimit":
+            return limits_mod.rlimit_prefix(self.spec.limits) + bwrap_argv
+        join = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self.cgroup.procs_files)
+        return ["/bin/sh", "-c", join + ' && exec "$@"', "sh", *bwrap_argv]
+
+    async def exec(self, argv, *, env=None, cwd=WORKSPACE, timeout=None, stdin=None) -> ExecResult:
+        if self.closed:
+            raise SandboxStartError(f"sandbox {self.id} is closed")
+        remaining = self.deadline - time.monotonic()
+        timeout = remaining if timeout is None else min(timeout, remaining)
+        full_env = {**self.spec.base_env(), **(env or {})}
+        cmd = self._launcher(self._bwrap_argv(argv, full_env, cwd))
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            raise SandboxStartError(f"sandbox {self.id}: cannot start bwrap: {e}") from e
+        self._running.add(proc)
+        reaper.record_pid(self.state, proc.pid)
+        comm = asyncio.ensure_future(proc.communicate(stdin))
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(comm), max(timeout, 0.0))
+        except TimeoutError:
+            timed_out = True
+            self._kill_tree(proc)
+            out, err = await comm
+        finally:
+            self._running.discard(proc)
+        rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+        res = ExecResult(rc, decode(out), decode(err), timed_out, time.monotonic() - t0, self.cgroup.oom_killed())
+        if rc == 1 and res.stderr.startswith("bwrap:"):
+            raise SandboxStartError(f"sandbox {self.id}: {res.stderr.strip()}")
+        return res
+
+    def _kill_tree(self, proc: asyncio.subprocess.Process) -> None:
+        for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+            try:
+                kill()
+            except ProcessLookupError:
+                pass
+        self.cgroup.kill_all()
+
+    async def copy_in(self, src, dest: str) -> None:
+        src = pathlib.Path(src)
+        host = self._host_path(dest)
+        if host is None:  # outside the writable binds: stage it and bind it into later execs
+            host = self.state / "files" / f"{len(self.copied)}"
+            self.copied.append((str(host), dest))
+        await asyncio.to_thread(_copy, src, host)
+
+    def _host_path(self, dest: str) -> pathlib.Path | None:
+        p = pathlib.PurePosixPath(dest)
+        roots = [(WORKSPACE, self.spec.workspace)] + ([(HOME, self.spec.home)] if self.spec.home else [])
+        for inside, host in roots:
+            if p == pathlib.PurePosixPath(inside) or pathlib.PurePosixPath(inside) in p.parents:
+                return pathlib.Path(host) / p.relative_to(inside)
+        return None
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for proc in list(self._running):
+            self._kill_tree(proc)
+        await asyncio.to_thread(reaper.destroy, self.state, self.id, self.backend.mode)
+
+
+def _copy(src: pathlib.Path, dst: pathlib.Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)
+
+
+@register_backend("bwrap")
+class BwrapBackend(Backend):
+    def __init__(self, mode: str | None = None, state_dir: str | os.PathLike | None = None, reap: bool = True):
+        self.mode = mode or limits_mod.detect_mode()
+        self.state_dir = pathlib.Path(state_dir) if state_dir else reaper.STATE_DIR
+        self._reaped = not reap
+
+    def available(self) -> tuple[bool, str]:
+        if shutil.which("bwrap") is None:
+            return False, "bwrap not installed (apt-get install bubblewrap)"
+        return True, ""
+
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox:
+        if not self._reaped:  # first use in this process: clean up after dead orchestrators
+            self._reaped = True
+            await self.reap()
+        sid = spec.sandbox_id()
+        state = self.state_dir / sid
+        try:
+            reaper.write_owner(state, {"backend": "bwrap", "mode": self.mode})
+            _write_etc(state / "etc")
+            spec.workspace.mkdir(parents=True, exist_ok=True)
+            if spec.home is not None:
+                spec.home.mkdir(parents=True, exist_ok=True)
+            sbx = BwrapSandbox(sid, spec, self, state)
+            sbx.cgroup.create(spec.limits)
+        except OSError as e:
+            raise SandboxStartError(f"sandbox {sid}: {e}") from e
+        return sbx
+
+    async def reap(self) -> int:
+        return await asyncio.to_thread(reaper.reap_process_sandboxes, self.mode, self.state_dir)

@@ -1,0 +1,240 @@
+"""docker backend: one container per rollout from the local image (harness_env/images/build.py).
+
+The container has `network_mode=none` (loopback only); its main process is the forwarder, which
+exposes the shim's Unix socket (bind-mounted) as 127.0.0.1:PORT. Host /usr and a few /etc files are
+bind-mounted read-only; the workspace and HOME are bind mounts owned by the in-container user (uid
+1000). Limits are docker's cgroup limits (memory without swap, pids, CPU quota). A timed-out exec
+kills the whole container: the one way to be sure no process of the harness is left. Containers carry
+labels (owner pid + start time + host) so `reap()` removes those of dead orchestrators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import pathlib
+import shlex
+import socket
+import tarfile
+import time
+
+from harness_env.images.build import IMAGE
+from harness_env.images.build import build as build_image
+from harness_env.sandbox import reaper
+from harness_env.sandbox.base import (
+    FORWARDER_HOST,
+    FORWARDER_IN,
+    HOME,
+    LABEL,
+    SHIM_SOCKET_IN,
+    WORKSPACE,
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+    decode,
+    register_backend,
+)
+from harness_env.sandbox.bwrap import ETC_PASSTHROUGH
+
+OUR_SOCKET = "/run/harness-rl-docker.sock"  # the dockerd that .ci/setup.d/30-docker.sh starts
+UID = 1000
+
+
+def docker_client():
+    import docker
+
+    if "DOCKER_HOST" not in os.environ and os.path.exists(OUR_SOCKET):
+        return docker.DockerClient(base_url=f"unix://{OUR_SOCKET}")
+    return docker.from_env()
+
+
+def _chown_tree(root: pathlib.Path, uid: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            os.lchown(name, uid, uid)
+
+
+def _tar_of(src: pathlib.Path, arcname: str) -> bytes:
+    buf = io.BytesIO()
+
+    def owned(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+        ti.uid = ti.gid = UID
+        return ti
+
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(src), arcname=arcname, filter=owned)
+    return buf.getvalue()
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, backend: DockerBackend, container):
+        super().__init__(sandbox_id, spec)
+        self.backend, self.container = backend, container
+        self.deadline = time.monotonic() + spec.limits.wall_s
+
+    async def exec(self, argv, *, env=None, cwd=WORKSPACE, timeout=None, stdin=None) -> ExecResult:
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        remaining = self.deadline - time.monotonic()
+        timeout = remaining if timeout is None else min(timeout, remaining)
+        argv = list(argv)
+        if stdin is not None:  # docker exec stdin needs a hijacked socket; a staged file is simpler
+            path = f"/tmp/.stdin-{time.monotonic_ns()}"
+            await self._put(path, stdin)
+            argv = ["/bin/sh", "-c", f'exec "$@" < {shlex.quote(path)}', "sh", *argv]
+        api = self.backend.client.api
+        t0 = time.monotonic()
+        try:
+            ex = await asyncio.to_thread(api.exec_create, self.container.id, argv, stdout=True, stderr=True,
+                                         environment={**self.spec.base_env(), **(env or {})}, workdir=cwd,
+                                         user=f"{UID}:{UID}")
+        except Exception as e:  # docker.errors.APIError and friends: infrastructure
+            raise SandboxError(f"sandbox {self.id}: exec_create failed: {e}") from e
+        run = asyncio.ensure_future(asyncio.to_thread(api.exec_start, ex["Id"], demux=True))
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(run), max(timeout, 0.0))
+        except TimeoutError:
+            await asyncio.to_thread(self._kill)  # the whole tree: the container
+            try:
+                out, err = await asyncio.wait_for(run, 10)
+            except Exception:
+                out, err = b"", b""
+            return ExecResult(-9, decode(out), decode(err), True, time.monotonic() - t0)
+        info = await asyncio.to_thread(api.exec_inspect, ex["Id"])
+        rc = info.get("ExitCode")
+        oom = False
+        if rc == 137:
+            state = (await asyncio.to_thread(api.inspect_container, self.container.id))["State"]
+            oom = bool(state.get("OOMKilled"))
+        return ExecResult(-1 if rc is None else rc, decode(out), decode(err), False, time.monotonic() - t0, oom)
+
+    def _kill(self) -> None:
+        try:
+            self.container.kill()
+        except Exception:
+            pass
+
+    async def _put(self, path: str, data: bytes) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            ti = tarfile.TarInfo(os.path.basename(path))
+            ti.size, ti.uid, ti.gid = len(data), UID, UID
+            tar.addfile(ti, io.BytesIO(data))
+        await asyncio.to_thread(self.container.put_archive, os.path.dirname(path), buf.getvalue())
+
+    async def copy_in(self, src, dest: str) -> None:
+        src = pathlib.Path(src)
+        data = await asyncio.to_thread(_tar_of, src, os.path.basename(dest.rstrip("/")))
+        try:
+            ok = await asyncio.to_thread(self.container.put_archive, os.path.dirname(dest.rstrip("/")) or "/", data)
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.id}: copy_in {src} -> {dest}: {e}") from e
+        if not ok:
+            raise SandboxError(f"sandbox {self.id}: copy_in {src} -> {dest} refused")
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await asyncio.to_thread(self.container.remove, force=True)
+        except Exception:  # already gone: the reaper or a kill got there first
+            pass
+
+
+@register_backend("docker")
+class DockerBackend(Backend):
+    def __init__(self, client=None, image: str = IMAGE, reap: bool = True, build_if_missing: bool = True):
+        self._client = client
+        self.image = image
+        self._reaped = not reap
+        self._built = not build_if_missing
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = docker_client()
+        return self._client
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            self.client.ping()
+        except Exception as e:
+            return False, f"no docker daemon reachable ({e.__class__.__name__}); .ci/setup.d/30-docker.sh starts one"
+        return True, ""
+
+    def run_kwargs(self, sid: str, spec: SandboxSpec) -> dict:
+        """The container's configuration (pure: unit-tested without a daemon)."""
+        from docker.types import Mount as DMount
+
+        mounts = [DMount("/usr", "/usr", type="bind", read_only=True),
+                  DMount(WORKSPACE, str(spec.workspace), type="bind")]
+        mounts += [DMount(f"/etc/{n}", f"/etc/{n}", type="bind", read_only=True)
+                   for n in ETC_PASSTHROUGH if os.path.exists(f"/etc/{n}")]
+        if spec.home is not None:
+            mounts.append(DMount(HOME, str(spec.home), type="bind"))
+        mounts += [DMount(m.target, m.host, type="bind", read_only=m.read_only) for m in spec.mounts]
+        command = ["/usr/bin/sleep", "infinity"]
+        if spec.shim_socket is not None:
+            mounts += [DMount(SHIM_SOCKET_IN, str(spec.shim_socket), type="bind"),
+                       DMount(FORWARDER_IN, str(FORWARDER_HOST), type="bind", read_only=True)]
+            command = ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, "--port", str(spec.shim_port),
+                       "--socket", SHIM_SOCKET_IN]
+        labels = {LABEL: "1", f"{LABEL}.owner": json.dumps(reaper.owner_record()),
+                  f"{LABEL}.host": socket.gethostname(), **spec.labels}
+        lim = spec.limits
+        return dict(image=spec.image or self.image, command=command, name=f"hrl-{sid}", detach=True,
+                    network_mode="none", mounts=mounts, labels=labels, user=f"{UID}:{UID}",
+                    environment=spec.base_env(), working_dir=WORKSPACE, hostname="sandbox",
+                    mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.pids,
+                    nano_cpus=int(lim.cpus * 1e9), cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                    init=False, auto_remove=False)
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if not self._reaped:
+            self._reaped = True
+            await self.reap()
+        if not self._built:
+            self._built = True
+            await asyncio.to_thread(build_image, self.client, self.image, True)
+        sid = spec.sandbox_id()
+        try:
+            spec.workspace.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(_chown_tree, spec.workspace, UID)
+            if spec.home is not None:
+                spec.home.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(_chown_tree, spec.home, UID)
+            if spec.shim_socket is not None:  # uid 1000 inside must be allowed to connect
+                os.chmod(spec.shim_socket, 0o666)
+            container = await asyncio.to_thread(self.client.containers.run, **self.run_kwargs(sid, spec))
+        except Exception as e:
+            raise SandboxStartError(f"sandbox {sid}: docker run failed: {e}") from e
+        return DockerSandbox(sid, spec, self, container)
+
+    async def reap(self) -> int:
+        return await asyncio.to_thread(self._reap_sync)
+
+    def _reap_sync(self) -> int:
+        n = 0
+        host = socket.gethostname()
+        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+            labels = c.labels or {}
+            try:
+                owner = json.loads(labels.get(f"{LABEL}.owner", "{}"))
+            except ValueError:
+                owner = {}
+            if labels.get(f"{LABEL}.host") != host:
+                continue  # another machine's orchestrator on a shared daemon: not ours to judge
+            if owner and reaper.alive(owner):
+                continue
+            try:
+                c.remove(force=True)
+                n += 1
+            except Exception:
+                pass
+        return n

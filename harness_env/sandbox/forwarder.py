@@ -1,0 +1,92 @@
+"""Runs INSIDE a sandbox (stdlib only, python3 -I -S): exposes the shim's Unix socket as a loopback port.
+
+The sandbox has no network (its own empty net namespace / docker network_mode=none), so the only
+address the harness can reach is 127.0.0.1:PORT, which this process forwards, byte for byte, to the
+shim's Unix socket bind-mounted into the sandbox. With a command after `--` it binds first, then runs
+the command as its child and exits with the child's status (so the port is up before the harness
+starts); without one it serves until killed (the docker container's main process).
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _handle(conn: socket.socket, unix_path: str) -> None:
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        up.connect(unix_path)
+    except OSError:
+        conn.close()
+        up.close()
+        return
+    t = threading.Thread(target=_pump, args=(up, conn), daemon=True)
+    t.start()
+    _pump(conn, up)
+    t.join()
+    conn.close()
+    up.close()
+
+
+def _serve(lsock: socket.socket, unix_path: str) -> None:
+    while True:
+        try:
+            conn, _ = lsock.accept()
+        except OSError:
+            return
+        threading.Thread(target=_handle, args=(conn, unix_path), daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    cmd: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, cmd = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--socket", required=True)
+    args = p.parse_args(argv)
+    if not cmd:  # as PID 1 (docker) SIGTERM has no default action: wait for it explicitly
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", args.port))
+    lsock.listen(128)
+    threading.Thread(target=_serve, args=(lsock, args.socket), daemon=True).start()
+    if not cmd:
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        return 0
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"forwarder: cannot run {cmd[0]!r}: {e}", file=sys.stderr)
+        return 127
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    rc = child.wait()
+    return 128 - rc if rc < 0 else rc
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main(sys.argv[1:]))
