@@ -1,0 +1,87 @@
+"""Advantage estimators: pure keyword-only functions on arrays, plus a small registry.
+
+Group estimators (GRPO family) turn one scalar reward per rollout into one advantage per rollout,
+normalised within its group (the trainer assigns one integer group per (task, harness) pair).
+GAE runs along paths of generated tokens (PPO with a critic); context tokens between two generated
+tokens are environment transitions, so a path is just the ordered list of its action tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+
+def _group_stats(rewards_N, group_ids_N, num_groups):
+    ones = jnp.ones_like(rewards_N)
+    count_G = jax.ops.segment_sum(ones, group_ids_N, num_groups)
+    mean_G = jax.ops.segment_sum(rewards_N, group_ids_N, num_groups) / jnp.maximum(count_G, 1.0)
+    return count_G, mean_G
+
+
+def grpo_advantages(*, rewards_N: Float[Array, "N"], group_ids_N: Int[Array, "N"], num_groups: int,
+                    eps: float = 1e-6) -> Float[Array, "N"]:
+    """(r - mean) / (std + eps) within each group (population std, as in GRPO)."""
+    count_G, mean_G = _group_stats(rewards_N, group_ids_N, num_groups)
+    centred_N = rewards_N - mean_G[group_ids_N]
+    var_G = jax.ops.segment_sum(centred_N**2, group_ids_N, num_groups) / jnp.maximum(count_G, 1.0)
+    return centred_N / (jnp.sqrt(var_G)[group_ids_N] + eps)
+
+
+def dr_grpo_advantages(*, rewards_N: Float[Array, "N"], group_ids_N: Int[Array, "N"], num_groups: int,
+                       eps: float = 1e-6) -> Float[Array, "N"]:
+    """Dr.GRPO: r - mean, no std division (removes the difficulty bias of std normalisation)."""
+    del eps
+    _, mean_G = _group_stats(rewards_N, group_ids_N, num_groups)
+    return rewards_N - mean_G[group_ids_N]
+
+
+def rloo_advantages(*, rewards_N: Float[Array, "N"], group_ids_N: Int[Array, "N"], num_groups: int,
+                    eps: float = 1e-6) -> Float[Array, "N"]:
+    """RLOO: r_i - mean of the *other* rewards of the group (0 for a group of one)."""
+    del eps
+    count_G = jax.ops.segment_sum(jnp.ones_like(rewards_N), group_ids_N, num_groups)
+    sum_G = jax.ops.segment_sum(rewards_N, group_ids_N, num_groups)
+    n_N = count_G[group_ids_N]
+    loo_mean_N = (sum_G[group_ids_N] - rewards_N) / jnp.maximum(n_N - 1.0, 1.0)
+    return jnp.where(n_N > 1, rewards_N - loo_mean_N, 0.0)
+
+
+GroupEstimator = Callable[..., Float[Array, "N"]]
+GROUP_ESTIMATORS: dict[str, GroupEstimator] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+def group_advantages(name: str, **kw) -> Float[Array, "N"]:
+    """Registry lookup with a clear error."""
+    try:
+        fn = GROUP_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(GROUP_ESTIMATORS)}") from None
+    return fn(**kw)
+
+
+def segment_gae(*, values_O: Float[Array, "O"], rewards_O: Float[Array, "O"], last_O: Bool[Array, "O"],
+                gamma: float, lam: float) -> tuple[Float[Array, "O"], Float[Array, "O"]]:
+    """GAE over concatenated paths (each path's actions in order; `last_O` marks its final action).
+
+    V after a path's final action is 0 (terminal). Returns (advantages, returns = adv + V).
+    """
+    values_O, rewards_O = jnp.asarray(values_O), jnp.asarray(rewards_O)
+    next_v_O = jnp.where(last_O, 0.0, jnp.roll(values_O, -1))
+    delta_O = rewards_O + gamma * next_v_O - values_O
+    cont_O = jnp.where(last_O, 0.0, gamma * lam)
+
+    def body(carry, x):
+        delta, cont = x
+        adv = delta + cont * carry
+        return adv, adv
+
+    _, adv_O = jax.lax.scan(body, jnp.zeros((), values_O.dtype), (delta_O, cont_O), reverse=True)
+    return adv_O, adv_O + values_O

@@ -1,0 +1,138 @@
+"""Pack prefix trees into fixed-length rows for the model's tree-attention contract.
+
+Row layout (per the model contract): tokens in DFS pre-order, `positions` = depth, `segment_ids`
+(0 = padding, 1.. one piece per segment), `subtree_end` (row index of the last token of each token's
+subtree). Key j is visible to query i iff seg[i] == seg[j] != 0 and j <= i <= subtree_end[j].
+
+Several targets per token: a token with several children predicts each of them. We therefore put
+the prediction of token t *at t's own slot*: logp[t] = log_softmax(head(hidden[parent_index[t]]))[tokens[t]]
+(`parent_index` is row-local; -1 for a root, whose slot never carries loss). The trainer gathers
+hidden states by `parent_index` and then runs the fused chunked log-prob function on (gathered
+hidden, tokens). Values of a critic use the same gather: V of action t is predicted from its parent.
+
+Splitting a tree larger than a row: the DFS order is cut into pieces [a, b); the ancestors of every
+token of the piece that lie before `a` all lie on the root path of `a`, so each piece is prefixed by
+a copy of that path as context (loss statistics zero; each copy keeps its own subtree range, so a token
+sees only its true ancestors) and stays exact. Pieces (and whole trees) are
+placed with best-fit decreasing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from research.trees.builder import GroupTree
+from research.trees.targets import STAT_FIELDS
+
+ROW_FIELDS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index", "behav_logp",
+              *STAT_FIELDS, "tree_id", "node_id", "own")
+
+
+@dataclasses.dataclass
+class Piece:
+    tree: int
+    ctx: np.ndarray  # global node ids of the ancestor-path copy (context only)
+    start: int  # own nodes are [start, stop) of the tree's DFS order
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return len(self.ctx) + self.stop - self.start
+
+
+def split_tree(tree: GroupTree, tree_idx: int, row_len: int) -> list[Piece]:
+    """Greedy cut of the DFS order so every piece (ancestor copy + own nodes) fits in a row."""
+    pieces, a, n = [], 0, tree.num_nodes
+    while a < n:
+        ctx_len = int(tree.depth[a])
+        if ctx_len >= row_len:
+            raise ValueError(f"tree {tree.group_id!r}: node {a} needs its root path of {ctx_len + 1} tokens "
+                             f"in one row, longer than row length {row_len}")
+        b = min(n, a + row_len - ctx_len)
+        ctx = np.asarray(tree.path(int(tree.parent[a])) if ctx_len else [], np.int64)
+        pieces.append(Piece(tree_idx, ctx, a, b))
+        a = b
+    return pieces
+
+
+def best_fit(sizes: list[int], row_len: int) -> list[list[int]]:
+    """Best-fit decreasing: each item goes to the fullest row that still has room."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        fits = [r for r in range(len(rows)) if free[r] >= sizes[i]]
+        if fits:
+            r = min(fits, key=lambda r: free[r])
+        else:
+            rows.append([])
+            free.append(row_len)
+            r = len(rows) - 1
+        rows[r].append(i)
+        free[r] -= sizes[i]
+    return rows
+
+
+def _write_piece(out: dict[str, np.ndarray], r: int, off: int, seg: int, p: Piece, tree: GroupTree,
+                 stats: dict[str, np.ndarray]) -> None:
+    own = np.arange(p.start, p.stop)
+    nodes = np.concatenate([p.ctx, own])
+    n_ctx, sl = len(p.ctx), slice(off, off + p.size)
+    local = lambda g: np.where(g >= p.start, off + n_ctx + g - p.start, off + tree.depth[np.maximum(g, 0)])
+    par = tree.parent[nodes]
+    out["tokens"][r, sl] = tree.tokens[nodes]
+    out["positions"][r, sl] = tree.depth[nodes]
+    out["segment_ids"][r, sl] = seg
+    # an ancestor u of `start` covers the piece's own nodes up to its subtree end (DFS: contiguous)
+    out["subtree_end"][r, sl] = off + n_ctx + np.minimum(tree.subtree_end[nodes], p.stop - 1) - p.start
+    out["parent_index"][r, sl] = np.where(par >= 0, local(par), -1)
+    out["tree_id"][r, sl] = p.tree
+    out["node_id"][r, sl] = nodes
+    is_own = np.arange(p.size) >= n_ctx
+    out["own"][r, sl] = is_own
+    out["behav_logp"][r, sl] = np.where(is_own, tree.behav_logp[nodes], 0.0)
+    for k in STAT_FIELDS:
+        out[k][r, sl] = np.where(is_own, stats[k][nodes], 0.0)
+
+
+def pack_trees(trees: list[GroupTree], stats: list[dict[str, np.ndarray]], norms: list[float], *,
+               row_len: int, num_rows: int | None = None) -> dict[str, np.ndarray]:
+    """Packs trees (with their per-node loss stats) into [B, row_len] arrays; pads to `num_rows` rows.
+
+    `norm` [B]: each tree's normaliser share is put on the row of its first piece; the batch
+    denominator is `norm.sum()`.
+    """
+    pieces = [p for i, t in enumerate(trees) for p in split_tree(t, i, row_len)]
+    rows = best_fit([p.size for p in pieces], row_len)
+    B = len(rows) if num_rows is None else num_rows
+    if len(rows) > B:
+        raise ValueError(f"{len(pieces)} pieces need {len(rows)} rows of {row_len}, batch has {B}")
+    f32 = {"behav_logp", *STAT_FIELDS}
+    out = {k: np.zeros((B, row_len), np.float32 if k in f32 else np.int32) for k in ROW_FIELDS}
+    out["own"] = np.zeros((B, row_len), bool)
+    out["parent_index"][:] = -1
+    out["tree_id"][:] = -1
+    out["subtree_end"][:] = np.arange(row_len)  # padding: visible to itself only (segment 0 masks it anyway)
+    out["norm"] = np.zeros((B,), np.float32)
+    for r, items in enumerate(rows):
+        off = 0
+        for seg, i in enumerate(items, start=1):
+            p = pieces[i]
+            _write_piece(out, r, off, seg, p, trees[p.tree], stats[p.tree])
+            if p.start == 0:
+                out["norm"][r] += norms[p.tree]
+            off += p.size
+    return out
+
+
+def pack_routed_experts(trees: list[GroupTree], packed: dict[str, np.ndarray]) -> np.ndarray | None:
+    """[B, T, L, K] routed experts of generated slots (-1 for context/padding: router decides)."""
+    if not trees or trees[0].routed_experts is None:
+        return None
+    L, K = trees[0].routed_experts.shape[1:]
+    out = np.full(packed["tokens"].shape + (L, K), -1, np.int32)
+    rows, cols = np.nonzero(packed["tree_id"] >= 0)
+    for r, c in zip(rows, cols):
+        out[r, c] = trees[packed["tree_id"][r, c]].routed_experts[packed["node_id"][r, c]]
+    return out

@@ -1,0 +1,67 @@
+"""Synthetic rollout groups shaped like real harness captures (tests, bench, notebook).
+
+A group: G sessions of one task share a system prompt + task prefix; each session makes `turns`
+calls, each call's prompt = previous prompt + previous completion + a tool output (pure append),
+except with probability `p_rewrite` a history rewrite (context compaction: the history after the
+prefix is replaced by a short summary), which branches the tree. With `p_duplicate` a session
+repeats the first completion of another session verbatim (same tokens, same or different
+behaviour logprobs): merged identical generations of different reward. Truncation: with `p_trunc`
+a completion ends with finish_reason "length".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from research.capture import CallRecord, RolloutResult
+
+
+def make_group(
+    rng: np.random.Generator, *, group_id: str = "task0", harness: str = "codex", sessions: int = 4,
+    turns: int = 3, prefix_len: int = 16, gen_len: tuple[int, int] = (2, 8), tool_len: tuple[int, int] = (1, 6),
+    vocab: int = 50, p_rewrite: float = 0.2, p_duplicate: float = 0.3, p_trunc: float = 0.2,
+    routed_shape: tuple[int, int] | None = None, rollout_prefix: str = "r",
+) -> tuple[list[CallRecord], list[RolloutResult]]:
+    """One group of `sessions` rollouts (one session each). Rewards are random in {0, 0.5, 1}."""
+    toks = lambda n: rng.integers(1, vocab, size=int(n)).tolist()
+    prefix = toks(prefix_len)
+    calls, results, first = [], [], []
+    for s in range(sessions):
+        rid = f"{rollout_prefix}{group_id}-{s}"
+        history = toks(rng.integers(*tool_len))  # the user's task message differs slightly per session
+        for k in range(turns):
+            prompt = prefix + history
+            if k == 0 and first and rng.random() < p_duplicate:
+                comp, lps = first[int(rng.integers(len(first)))]
+                if rng.random() < 0.5:  # same tokens, different rollout logprobs: must not merge
+                    lps = [lp - 0.1 for lp in lps]
+            else:
+                comp = toks(rng.integers(*gen_len))
+                lps = (-rng.random(len(comp)) * 2.0).astype(np.float32).tolist()
+            if k == 0:
+                first.append((comp, lps))
+            finish = "length" if rng.random() < p_trunc else "stop"
+            routed = shape = None
+            if routed_shape is not None:
+                shape = (len(comp), *routed_shape)
+                routed = rng.integers(0, 8, size=int(np.prod(shape))).tolist()
+            calls.append(CallRecord(
+                rollout_id=rid, session_id=f"{rid}-s", group_id=group_id, harness=harness, call_index=k,
+                prompt_ids=prompt, completion_ids=comp, logprobs=lps, weight_version=1, finish_reason=finish,
+                call_id=f"{rid}-c{k}", routed_experts=routed, routed_experts_shape=shape))
+            history = history + comp + toks(rng.integers(*tool_len))
+            if rng.random() < p_rewrite:
+                history = toks(3) + comp + toks(rng.integers(*tool_len))
+        reward = float(rng.choice([0.0, 0.5, 1.0]))
+        results.append(RolloutResult(rollout_id=rid, group_id=group_id, harness=harness, status="ok",
+                                     reward=reward, session_ids=[f"{rid}-s"]))
+    return calls, results
+
+
+def make_harness_group(rng: np.random.Generator, *, group_id: str = "task0", sessions: int = 8, turns: int = 20,
+                       prefix_len: int = 2048, gen_len: tuple[int, int] = (50, 500),
+                       tool_len: tuple[int, int] = (50, 500), vocab: int = 1000):
+    """A realistic-shape group for the bench: long shared prefix, many append-only turns, no rewrites."""
+    return make_group(rng, group_id=group_id, sessions=sessions, turns=turns, prefix_len=prefix_len,
+                      gen_len=gen_len, tool_len=tool_len, vocab=vocab, p_rewrite=0.0, p_duplicate=0.0,
+                      p_trunc=0.0)
