@@ -1,0 +1,219 @@
+"""Qwen3 chat rendering for the shim: incremental, and token-in/token-out for generated turns.
+
+Every API (OpenAI chat, Responses, Anthropic) is first mapped to `Message`s; this module turns them
+into prompt token ids exactly as the Qwen3 chat template would (tested byte-for-byte against the
+jinja template), with two differences that matter for RL:
+
+* Assistant turns the shim generated earlier in the session are put back as the *exact sampled ids*
+  (`generation prompt + completion + <|im_end|>\n`), never re-tokenized from their text. (The Qwen3
+  template would also drop earlier turns' reasoning once a new user query arrives; exact ids keep
+  what the policy really saw, so call k+1 extends call k token for token.)
+* The prompt is rendered as segments that each start with `<|im_start|>` and end with
+  `<|im_end|>\\n`. Special tokens are split off before BPE, so tokenizing segments separately is
+  identical to tokenizing the whole string; a per-session cache keyed by segment text makes the
+  cost of a call proportional to its new messages, not the history.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from typing import Any
+
+from research.models.tokenizer import Tokenizer
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+NL = "\n"
+
+
+@dataclasses.dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str | dict  # a JSON string (OpenAI) or an object (Anthropic input)
+
+
+@dataclasses.dataclass
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+def canonical_args(arguments: str | dict) -> str:
+    """Tool arguments compared by value, so `{"a": 1}` sent back as `{"a":1}` still matches."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
+def turn_keys(content: str, reasoning: str | None, calls: list[tuple[str, Any]]) -> tuple[tuple, tuple]:
+    """(exact key, reasoning-agnostic key) identifying an assistant turn by what the harness sees."""
+    c = tuple((name, canonical_args(args)) for name, args in calls)
+    return (content.strip(), (reasoning or "").strip(), c), (content.strip(), None, c)
+
+
+def message_keys(m: Message) -> tuple[tuple, tuple]:
+    return turn_keys(m.content, m.reasoning, [(t.name, t.arguments) for t in m.tool_calls])
+
+
+def tool_json(tool: dict) -> str:
+    return json.dumps(tool, ensure_ascii=False)
+
+
+def render_header(system: str | None, tools: list[dict]) -> str:
+    if tools:
+        out = f"{IM_START}system\n" + (system + "\n\n" if system is not None else "")
+        out += ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+        out += "".join("\n" + tool_json(t) for t in tools)
+        out += ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                "\"arguments\": <args-json-object>}\n</tool_call>" + IM_END + "\n")
+        return out
+    return f"{IM_START}system\n{system}{IM_END}\n" if system is not None else ""
+
+
+def render_assistant(m: Message, *, after_query: bool, is_last: bool) -> str:
+    content, reasoning = m.content, ""
+    if m.reasoning is not None:
+        reasoning = m.reasoning
+    elif "</think>" in content:
+        content = m.content.split("</think>")[-1].lstrip("\n")
+        reasoning = m.content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+    if after_query and (is_last or reasoning):
+        out = f"{IM_START}assistant\n<think>\n{reasoning.strip(NL)}\n</think>\n\n{content.lstrip(NL)}"
+    else:
+        out = f"{IM_START}assistant\n{content}"
+    for j, tc in enumerate(m.tool_calls):
+        if j > 0 or content:
+            out += "\n"
+        args = tc.arguments if isinstance(tc.arguments, str) else json.dumps(tc.arguments, ensure_ascii=False)
+        out += f'<tool_call>\n{{"name": "{tc.name}", "arguments": {args}}}\n</tool_call>'
+    return out + IM_END + "\n"
+
+
+def _last_query_index(messages: list[Message]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        wrapped = m.content.startswith("<tool_response>") and m.content.endswith("</tool_response>")
+        if m.role == "user" and not wrapped:
+            return i
+    return len(messages) - 1
+
+
+def render_segments(messages: list[Message], tools: list[dict]) -> list[tuple[str, Message | None]]:
+    """The template's output split at message boundaries: [(text, assistant message or None)].
+
+    Assistant segments carry their message so the caller can swap in exact generated ids.
+    """
+    segs: list[tuple[str, Message | None]] = []
+    start = 0
+    if messages and messages[0].role == "system":
+        segs.append((render_header(messages[0].content, tools), None))
+        start = 1
+    elif tools:
+        segs.append((render_header(None, tools), None))
+    last_query = _last_query_index(messages)
+    i = start
+    while i < len(messages):
+        m = messages[i]
+        if m.role in ("user", "system"):
+            segs.append((f"{IM_START}{m.role}\n{m.content}{IM_END}\n", None))
+        elif m.role == "assistant":
+            segs.append((render_assistant(m, after_query=i > last_query, is_last=i == len(messages) - 1), m))
+        elif m.role == "tool":
+            j = i
+            while j < len(messages) and messages[j].role == "tool":
+                j += 1
+            body = "".join(f"\n<tool_response>\n{t.content}\n</tool_response>" for t in messages[i:j])
+            segs.append((f"{IM_START}user{body}{IM_END}\n", None))
+            i = j
+            continue
+        else:
+            raise ValueError(f"messages[{i}].role: unknown role {m.role!r}")
+        i += 1
+    return segs
+
+
+def generation_prompt(enable_thinking: bool) -> str:
+    return f"{IM_START}assistant\n" + ("" if enable_thinking else EMPTY_THINK)
+
+
+@dataclasses.dataclass
+class GeneratedTurn:
+    call_id: str
+    head_ids: list[int]  # the generation prompt ids the call ended with
+    completion_ids: list[int]
+
+
+@dataclasses.dataclass
+class Prompt:
+    ids: list[int]
+    head_ids: list[int]  # generation-prompt suffix of `ids`
+    tokenized_tokens: int  # tokens produced by tokenizing new segments this call (the incremental cost)
+    exact_turns: int  # assistant turns put back as sampled ids
+    retokenized_turns: int  # assistant turns in the history not recognised as generated here
+    exact_call_ids: list[str]
+
+
+class SessionRenderer:
+    """Per-session segment cache + the map of assistant turns this session generated."""
+
+    def __init__(self, tokenizer: Tokenizer, max_cached_segments: int = 4096):
+        self.tok = tokenizer
+        self.im_end_id = tokenizer.token_to_id(IM_END)
+        self.nl_ids = tokenizer.encode("\n")
+        self.stop_ids = set(tokenizer.stop_token_ids)
+        self._cache: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        self._max = max_cached_segments
+        self._generated: dict[tuple, GeneratedTurn] = {}
+
+    def _ids(self, text: str) -> tuple[list[int], int]:
+        hit = self._cache.get(text)
+        if hit is not None:
+            self._cache.move_to_end(text)
+            return hit, 0
+        ids = self.tok.encode(text)
+        self._cache[text] = ids
+        if len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        return ids, len(ids)
+
+    def exact_turn_ids(self, turn: GeneratedTurn) -> list[int]:
+        ids = turn.head_ids + turn.completion_ids
+        if not turn.completion_ids or turn.completion_ids[-1] not in self.stop_ids:
+            ids = ids + [self.im_end_id]
+        return ids + self.nl_ids
+
+    def build(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool) -> Prompt:
+        ids: list[int] = []
+        new_tokens = exact = retok = 0
+        exact_calls: list[str] = []
+        for text, asst in render_segments(messages, tools):
+            turn = None
+            if asst is not None:
+                k_exact, k_loose = message_keys(asst)
+                turn = self._generated.get(k_exact) or self._generated.get(k_loose)
+            if turn is not None:
+                ids += self.exact_turn_ids(turn)
+                exact += 1
+                exact_calls.append(turn.call_id)
+                continue
+            seg, n = self._ids(text)
+            ids += seg
+            new_tokens += n
+            retok += asst is not None
+        head, n = self._ids(generation_prompt(enable_thinking))
+        return Prompt(ids + head, list(head), new_tokens + n, exact, retok, exact_calls)
+
+    def remember(self, keys: tuple[tuple, tuple], turn: GeneratedTurn) -> None:
+        for k in keys:
+            self._generated[k] = turn
