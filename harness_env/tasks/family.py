@@ -1,0 +1,66 @@
+"""A parameterised task family a tiny model can learn by RL on CPU: "create file NAME containing WORD".
+
+Every (NAME, WORD) pair is one ClawGym-format task folder (so it goes through the same runner, sandbox
+and reward path as every other task). The split is by a stable hash of the pair: ~20% of pairs are
+held out, and every held-out pair's WORD also appears in training with other names, so held-out
+success measures generalisation of the skill, not memorisation. The checker is a few lines of bash
+(fast: RL runs thousands of these) with partial credit for the right file with the wrong content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import pathlib
+import random
+
+NAMES = ("notes.txt", "answer.txt", "out.txt", "result.txt", "word.txt", "data.txt", "log.txt", "a.txt",
+         "b.txt", "hello.txt", "final.txt", "memo.txt")
+WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "rocket", "forest", "candle",
+         "silver", "orange", "garden", "planet", "winter", "yellow")
+CATEGORY = "make_file"
+
+REWARD_SH = """#!/bin/bash
+# 1.0: {name} holds exactly "{word}" (surrounding whitespace ignored); 0.3: the file exists; else 0.0.
+if [ -f {name} ]; then
+  if [ "$(tr -d '[:space:]' < {name})" = "{word}" ]; then echo 1.0; else echo 0.3; fi
+else
+  echo 0.0
+fi
+"""
+
+
+def split_of(name: str, word: str) -> str:
+    h = int(hashlib.sha256(f"{name}/{word}".encode()).hexdigest()[:8], 16)
+    return "heldout" if h % 5 == 0 else "train"
+
+
+def pairs(split: str) -> list[tuple[str, str]]:
+    if split not in ("train", "heldout", "all"):
+        raise ValueError(f"split {split!r} not in train|heldout|all")
+    return [(n, w) for n, w in itertools.product(NAMES, WORDS) if split == "all" or split_of(n, w) == split]
+
+
+def write_task(out_dir: str | pathlib.Path, name: str, word: str) -> pathlib.Path:
+    tid = f"make_file-{name.replace('.', '_')}-{word}"
+    d = pathlib.Path(out_dir) / tid
+    (d / "reward").mkdir(parents=True, exist_ok=True)
+    (d / "solution").mkdir(exist_ok=True)
+    entry = {"task_id": tid, "user_query": f"Create a file named {name} containing the word {word}.",
+             "metadata": {"category": CATEGORY, "params": {"name": name, "word": word},
+                          "split": split_of(name, word)}}
+    (d / "data_entry.json").write_text(json.dumps(entry, indent=2) + "\n")
+    (d / "reward" / "reward.sh").write_text(REWARD_SH.format(name=name, word=word))
+    os.chmod(d / "reward" / "reward.sh", 0o755)
+    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {word} > {name}\n")
+    return d
+
+
+def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = None,
+             seed: int = 0) -> list[pathlib.Path]:
+    """Writes n tasks of `split` (all when n is None), in an order shuffled deterministically by seed."""
+    ps = pairs(split)
+    random.Random(seed).shuffle(ps)
+    return [write_task(out_dir, name, word) for name, word in ps[: n if n is not None else len(ps)]]

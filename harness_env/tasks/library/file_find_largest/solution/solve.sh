@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+ls -S data | head -n1 > largest.txt

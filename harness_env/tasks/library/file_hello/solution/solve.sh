@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+printf '%s\n' 'Hello, world!' > 'hello.txt'

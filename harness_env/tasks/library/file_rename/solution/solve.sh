@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+mv draft.md final.md

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+sed -i 's/colour/color/g' doc.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+wc -w < essay.txt | tr -d ' ' > count.txt

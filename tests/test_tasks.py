@@ -1,0 +1,99 @@
+"""The task library's checkers really check; loader errors; the make_file family; synthesis."""
+import asyncio
+import json
+import pathlib
+
+import pytest
+
+from harness_env.sandbox import get_backend
+from harness_env.tasks import LIBRARY, RewardError, TaskError, discover, family, load_task, parse_reward, synth
+from harness_env.tasks.validate import run_solution, validate_task
+
+TASKS = discover(LIBRARY)
+
+
+@pytest.fixture(scope="module")
+def bwrap():
+    b = get_backend("bwrap")
+    ok, why = b.available()
+    if not ok:
+        pytest.skip(why)
+    return b
+
+
+def test_library_has_a_dozen_tasks_in_several_categories():
+    tasks = [load_task(p) for p in TASKS]
+    assert len(tasks) >= 12
+    assert {"file_ops", "text", "csv", "json", "code", "chat"} <= {t.category for t in tasks}
+    assert len({t.task_id for t in tasks}) == len(tasks)
+
+
+@pytest.mark.parametrize("task_dir", TASKS, ids=[p.name for p in TASKS])
+def test_reference_solution_scores_one_and_doing_nothing_does_not(bwrap, task_dir):
+    task = load_task(task_dir)
+    v = asyncio.run(validate_task(bwrap, task_dir))
+    assert v.solution_reward == 1.0, v
+    assert v.empty_reward == 0.0, v
+    untouched = asyncio.run(run_solution(bwrap, task, solve=False))  # inputs present, nothing done
+    assert untouched < 1.0
+
+
+def test_loader_errors_name_the_problem(tmp_path):
+    with pytest.raises(TaskError, match="no data_entry.json"):
+        load_task(tmp_path)
+    (tmp_path / "data_entry.json").write_text(json.dumps({"task_id": "x", "user_query": "q"}))
+    with pytest.raises(TaskError, match="no reward/reward.sh"):
+        load_task(tmp_path)
+    (tmp_path / "reward").mkdir()
+    (tmp_path / "reward" / "reward.sh").write_text("echo 1\n")
+    (tmp_path / "data_entry.json").write_text(json.dumps({"task_id": "x", "user_query": ""}))
+    with pytest.raises(TaskError, match="user_query"):
+        load_task(tmp_path)
+    (tmp_path / "data_entry.json").write_text(json.dumps({"task_id": "x", "user_query": "q",
+                                                           "input_mount_dir": "/etc"}))
+    with pytest.raises(TaskError, match="input_mount_dir"):
+        load_task(tmp_path)
+    (tmp_path / "data_entry.json").write_text(json.dumps({"task_id": "x", "user_query": "q",
+                                                           "input_mount_dir": "/workspace/in"}))
+    assert load_task(tmp_path).input_target(pathlib.Path("/w")) == pathlib.Path("/w/in")
+
+
+def test_parse_reward():
+    assert parse_reward('{"sub_scores": {"a": 1, "b": 0}}\n0.5\n') == (0.5, {"a": 1.0, "b": 0.0})
+    assert parse_reward("noise\n1\n\n") == (1.0, {})
+    for bad, msg in (("", "nothing"), ("ok\n", "not a float"), ("1.5\n", "outside"), ("nan\n", "outside")):
+        with pytest.raises(RewardError, match=msg):
+            parse_reward(bad)
+
+
+def test_family_split_is_deterministic_and_words_are_shared():
+    train, held = family.pairs("train"), family.pairs("heldout")
+    assert len(train) + len(held) == len(family.NAMES) * len(family.WORDS)
+    assert not set(train) & set(held) and 0.1 < len(held) / (len(train) + len(held)) < 0.3
+    assert {w for _, w in held} <= {w for _, w in train}
+    assert family.pairs("heldout") == held
+
+
+def test_family_task_checker(bwrap, tmp_path):
+    d = family.generate(tmp_path, "heldout", n=1, seed=3)[0]
+    task = load_task(d)
+    assert task.metadata["split"] == "heldout" and task.category == "make_file"
+    assert asyncio.run(run_solution(bwrap, task)) == 1.0
+    assert asyncio.run(run_solution(bwrap, task, solve=False)) == 0.0
+
+
+def test_synthesis_is_deterministic_and_validated(bwrap, tmp_path):
+    seeds = [p for p in TASKS if synth.is_seed(p)]
+    assert {p.name for p in seeds} >= {"file_hello", "csv_region_totals"}
+    a = synth.make_variant(LIBRARY / "csv_region_totals", tmp_path / "a", 1, seed=7)
+    b = synth.make_variant(LIBRARY / "csv_region_totals", tmp_path / "b", 1, seed=7)
+    c = synth.make_variant(LIBRARY / "csv_region_totals", tmp_path / "c", 2, seed=7)
+    csv = lambda d: (d / "input_files" / "sales.csv").read_text()
+    assert csv(a) == csv(b) and csv(a) != csv(c)
+    kept, failed = asyncio.run(synth.synthesize(bwrap, seeds, tmp_path / "out", per_seed=3, seed=1))
+    assert not failed and len(kept) == 3 * len(seeds)
+    hello = [load_task(k) for k in kept if "file_hello" in k.name]
+    assert len({json.dumps(t.metadata["params"]) for t in hello}) >= 2  # parameters really vary
+    for t in hello:  # the query and the checker changed together
+        assert t.metadata["params"]["filename"] in t.user_query
+        assert t.metadata["params"]["text"] in (t.root / "reward" / "check.py").read_text()
