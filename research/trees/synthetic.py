@@ -27,19 +27,20 @@ def make_group(
     prefix = toks(prefix_len)
     calls, results, first = [], [], []
     for s in range(sessions):
-        rid = f"{rollout_prefix}{group_id}-{s}"
+        rid = f"{rollout_prefix}{group_id}-{harness}-{s}"
         history = toks(rng.integers(*tool_len))  # the user's task message differs slightly per session
+        dup = bool(first) and rng.random() < p_duplicate
         for k in range(turns):
-            prompt = prefix + history
-            if k == 0 and first and rng.random() < p_duplicate:
-                comp, lps = first[int(rng.integers(len(first)))]
-                if rng.random() < 0.5:  # same tokens, different rollout logprobs: must not merge
+            if k == 0 and dup:  # same task message, same completion: merges with the source session
+                history, comp, lps = first[int(rng.integers(len(first)))]
+                if rng.random() < 0.3:  # same tokens, different rollout logprobs: must not merge
                     lps = [lp - 0.1 for lp in lps]
             else:
                 comp = toks(rng.integers(*gen_len))
                 lps = (-rng.random(len(comp)) * 2.0).astype(np.float32).tolist()
+            prompt = prefix + history
             if k == 0:
-                first.append((comp, lps))
+                first.append((history, comp, lps))
             finish = "length" if rng.random() < p_trunc else "stop"
             routed = shape = None
             if routed_shape is not None:
