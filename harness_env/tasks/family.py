@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import random
+import re
 
 NAMES = ("notes.txt", "answer.txt", "out.txt", "result.txt", "word.txt", "data.txt", "log.txt", "a.txt",
          "b.txt", "hello.txt", "final.txt", "memo.txt")
@@ -64,3 +65,22 @@ def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = 
     ps = pairs(split)
     random.Random(seed).shuffle(ps)
     return [write_task(out_dir, name, word) for name, word in ps[: n if n is not None else len(ps)]]
+
+
+_QUERY = re.compile(r"Create a file named (\S+) containing the word (\w+)\.")
+
+
+def oracle_reply(prompt_text: str) -> str:
+    """The perfect policy for this family, in Qwen3's tool-call format (for scripted replay engines in
+    tests, benchmarks and demos): one shell call writing the file, then `finish` once a tool result is
+    in the prompt. Decides from the rendered prompt alone, so it is safe under any concurrency."""
+    found = _QUERY.findall(prompt_text)
+    if not found:
+        return "I cannot tell which file to create."
+    name, word = found[-1]
+    after = prompt_text[prompt_text.rfind(f"containing the word {word}.") :]
+    if "<tool_response>" not in after:
+        call = {"name": "bash", "arguments": {"command": f"echo {word} > {name}"}}
+    else:
+        call = {"name": "finish", "arguments": {"message": f"Created {name} containing {word}."}}
+    return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"

@@ -1,0 +1,149 @@
+"""Runner end to end: reference harness in bwrap -> forwarder -> shim -> replay engine; bad inputs end
+with their named status; infra failures are retried, model failures are not; re-runs resume."""
+import asyncio
+import json
+import pathlib
+
+import pytest
+
+from harness_env.harnesses.base import Harness, HarnessOutcome, register
+from harness_env.runner import Runner, RunnerConfig, plan
+from harness_env.sandbox import Limits, get_backend
+from harness_env.tasks import LIBRARY, family
+from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
+
+
+class _Shell(Harness):
+    api = "openai_chat"
+    script = ""
+
+    def argv(self, prompt, ctx):
+        return ["/bin/bash", "-c", self.script]
+
+    def parse_output(self, r):
+        return HarnessOutcome(completed=r.exit_code == 0 and not r.timed_out, exit_code=r.exit_code,
+                              final_message=r.stdout.strip()[-200:], error=f"exit {r.exit_code}: {r.stderr[-200:]}")
+
+
+@register
+class _Hang(_Shell):
+    name, script = "test_hang", "sleep 600"
+
+
+@register
+class _Crash(_Shell):
+    name, script = "test_crash", "echo boom >&2; exit 3"
+
+
+@register
+class _FlakyInstall(_Shell):
+    """Solves every make_file task without a model; its install fails the first time (infra)."""
+
+    name, script, installs = "test_flaky_install", "echo apple > notes.txt", 0
+
+    async def install(self):
+        type(self).installs += 1
+        if type(self).installs == 1:
+            raise OSError("npm registry unreachable")
+
+
+@pytest.fixture()
+def shim(tmp_path, qwen3_tokenizer_dir):
+    from research.models.tokenizer import load_tokenizer
+    from research.serving.replay import ReplayEngine
+    from research.shim.server import ShimServer
+
+    tok = load_tokenizer(qwen3_tokenizer_dir)
+    engine = ReplayEngine(lambda req: family.oracle_reply(tok.decode(req.prompt_ids)), tok)
+    log = CaptureLog(tmp_path / "capture.jsonl", fsync=False)
+    server = ShimServer(engine, tok, log, unix_socket=str(tmp_path / "shim.sock"))
+    yield server, log
+    log.close()
+
+
+def _bad_tasks(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    out = {}
+    for name, entry, reward in [("no_entry", None, "echo 1.0"), ("no_reward", {"task_id": "nr", "user_query": "q"}, None),
+                                ("garbage", {"task_id": "g", "user_query": "q"}, "echo hello"),
+                                ("nonzero", {"task_id": "nz", "user_query": "q"}, "echo 1.0; exit 2")]:
+        d = root / name
+        (d / "reward").mkdir(parents=True)
+        if entry:
+            (d / "data_entry.json").write_text(json.dumps(entry))
+        if reward:
+            (d / "reward" / "reward.sh").write_text(reward + "\n")
+        out[name] = d
+    return out
+
+
+def _run(server, log, cfg, specs):
+    async def go():
+        await server.start()
+        runner = Runner(cfg, server, capture_log=log)
+        try:
+            return await runner.run(specs)
+        finally:
+            runner.close()
+            await server.stop()
+    return asyncio.run(go())
+
+
+def test_reference_harness_end_to_end_captured_and_resumable(shim, tmp_path):
+    server, log = shim
+    tasks = family.generate(tmp_path / "tasks", "train", n=3, seed=0)
+    cfg = RunnerConfig(out_dir=tmp_path / "run", concurrency=3, timeout_s=60, progress=False)
+    specs = plan(tasks, ["reference"], samples=2)
+    results = _run(server, log, cfg, specs)
+    assert len(results) == 6
+    assert all(r.status == "ok" and r.reward == 1.0 for r in results), [(r.status, r.message) for r in results]
+    recs = list(read_log(tmp_path / "capture.jsonl"))
+    calls = [r for r in recs if isinstance(r, CallRecord)]
+    assert len(calls) == 12  # bash + finish per rollout, every call captured
+    assert {c.rollout_id for c in calls} == {s.rollout_id for s in specs}
+    assert sum(isinstance(r, RolloutResult) for r in recs) == 6
+    r0 = results[0]
+    assert r0.session_ids and r0.meta["calls"] == 2 and r0.timings["harness_s"] > 0
+    assert (cfg.out_dir / "rollouts" / r0.rollout_id / "logs" / "stdout.txt").exists()
+    assert _run(server, log, cfg, specs) == []  # resumed: everything finished already
+    assert sum(1 for _ in read_log(cfg.out_dir / "results.jsonl")) == 6
+
+
+def test_bad_inputs_end_with_named_statuses_and_the_run_goes_on(shim, tmp_path):
+    server, log = shim
+    bad = _bad_tasks(tmp_path / "bad")
+    good = family.write_task(tmp_path / "good", "notes.txt", "apple")
+    cfg = RunnerConfig(out_dir=tmp_path / "run", concurrency=4, timeout_s=1.5, progress=False,
+                       limits=Limits(memory_mb=512, pids=128))
+    specs = plan([*bad.values(), good], ["test_flaky_install"], 1) + plan([good], ["test_hang", "test_crash"], 1)
+    res = {r.rollout_id: r for r in _run(server, log, cfg, specs)}
+    by = lambda task, h: res[f"{task}.{h}.0"]
+    assert by("no_entry", "test_flaky_install").status == "task_error"
+    assert "data_entry.json" in by("no_entry", "test_flaky_install").message
+    assert by("no_reward", "test_flaky_install").status == "task_error"
+    assert by("garbage", "test_flaky_install").status == "reward_error"
+    assert "not a float" in by("garbage", "test_flaky_install").message
+    assert by("nonzero", "test_flaky_install").status == "reward_error"
+    assert "exited 2" in by("nonzero", "test_flaky_install").message
+    hang = by(good.name, "test_hang")
+    assert hang.status == "timeout" and hang.timings["harness_s"] < 10
+    crash = by(good.name, "test_crash")
+    assert crash.status == "harness_error" and "boom" in crash.message and crash.meta["attempts"] == 1
+    solved = by(good.name, "test_flaky_install")
+    assert solved.status == "ok" and solved.reward == 1.0
+    assert _FlakyInstall.installs >= 2  # the failed install was retried (an infra failure)
+
+
+def test_library_task_through_runner_with_the_reference_harness(shim, tmp_path):
+    """A chat-graded library task: the oracle cannot solve it, so the checker must say 0 (not crash)."""
+    server, log = shim
+    cfg = RunnerConfig(out_dir=tmp_path / "run", timeout_s=60, progress=False)
+    (r,) = _run(server, log, cfg, plan([LIBRARY / "chat_sum_numbers"], ["reference"], 1))
+    assert r.status == "ok" and r.reward == 0.0 and r.meta["category"] == "chat"
+
+
+def test_unknown_harness_fails_before_anything_runs(shim, tmp_path):
+    server, log = shim
+    cfg = RunnerConfig(out_dir=tmp_path / "run", progress=False)
+    with pytest.raises(Exception, match="unknown harness"):
+        _run(server, log, cfg, plan([LIBRARY / "file_hello"], ["nope"], 1))
+    assert get_backend("bwrap").available()[0]
