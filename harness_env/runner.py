@@ -144,8 +144,9 @@ class Runner:
                 continue
             res.timings["total_s"] = time.monotonic() - t0
             return res
-        return RolloutResult(**base, status="infra_error", message=f"after {self.cfg.infra_retries + 1} attempts: {last}",
-                             meta=meta, timings={"total_s": time.monotonic() - t0})
+        msg = f"after {self.cfg.infra_retries + 1} attempts: {last}"
+        return RolloutResult(**base, status="infra_error", message=msg, meta=meta,
+                             timings={"total_s": time.monotonic() - t0})
 
     def _rollout_dir(self, spec: RolloutSpec) -> pathlib.Path:
         return self.cfg.out_dir / "rollouts" / spec.rollout_id
@@ -179,7 +180,7 @@ class Runner:
                 return RolloutResult(**base, status="harness_error", message=f"prepare: {e}")
             spec_ = SandboxSpec(workspace=workspace, home=home, limits=self.cfg.limits, name=spec.rollout_id,
                                 mounts=[Mount(str(p), str(p)) for p in harness.mounts()],
-                                shim_socket=pathlib.Path(self.gateway.unix_socket) if self.gateway.unix_socket else None,
+                                shim_socket=pathlib.Path(sock) if (sock := self.gateway.unix_socket) else None,
                                 shim_port=self.cfg.shim_port, labels={"harness-rl.rollout": spec.rollout_id})
             t = time.monotonic()
             try:
@@ -204,7 +205,8 @@ class Runner:
             meta.update(num_turns=outcome.num_turns, final_message=outcome.final_message[-4000:],
                         harness_meta=outcome.meta)
             if not outcome.completed:
-                return RolloutResult(**base, status="harness_error", message=outcome.error or "harness did not complete")
+                msg = outcome.error or "harness did not complete"
+                return RolloutResult(**base, status="harness_error", message=msg)
             t = time.monotonic()
             try:
                 reward, subs = await grade(sbx, task, outcome.final_message, _transcript(task, outcome),

@@ -36,6 +36,13 @@ class _Crash(_Shell):
 
 
 @register
+class _Peek(_Shell):
+    """Tries to find the checker while it runs: everything it can see named reward* goes to found.txt."""
+
+    name, script = "test_peek", "find / -name 'reward*' -not -path '/proc/*' 2>/dev/null > found.txt; true"
+
+
+@register
 class _FlakyInstall(_Shell):
     """Solves every make_file task without a model; its install fails the first time (infra)."""
 
@@ -63,7 +70,8 @@ def shim(tmp_path, qwen3_tokenizer_dir):
 
 def _bad_tasks(root: pathlib.Path) -> dict[str, pathlib.Path]:
     out = {}
-    for name, entry, reward in [("no_entry", None, "echo 1.0"), ("no_reward", {"task_id": "nr", "user_query": "q"}, None),
+    for name, entry, reward in [("no_entry", None, "echo 1.0"),
+                                ("no_reward", {"task_id": "nr", "user_query": "q"}, None),
                                 ("garbage", {"task_id": "g", "user_query": "q"}, "echo hello"),
                                 ("nonzero", {"task_id": "nz", "user_query": "q"}, "echo 1.0; exit 2")]:
         d = root / name
@@ -147,3 +155,15 @@ def test_unknown_harness_fails_before_anything_runs(shim, tmp_path):
     with pytest.raises(Exception, match="unknown harness"):
         _run(server, log, cfg, plan([LIBRARY / "file_hello"], ["nope"], 1))
     assert get_backend("bwrap").available()[0]
+
+
+def test_the_harness_cannot_see_the_checker(shim, tmp_path):
+    server, log = shim
+    task = tmp_path / "tasks" / "peek"
+    (task / "reward").mkdir(parents=True)
+    (task / "data_entry.json").write_text(json.dumps({"task_id": "peek", "user_query": "q"}))
+    (task / "reward" / "reward.sh").write_text('cat found.txt >&2; if grep -q reward found.txt; then echo 0; '
+                                               'else echo 1; fi\n')
+    cfg = RunnerConfig(out_dir=tmp_path / "run", timeout_s=60, progress=False)
+    (r,) = _run(server, log, cfg, plan([task], ["test_peek"], 1))
+    assert r.status == "ok" and r.reward == 1.0, r

@@ -22,6 +22,7 @@ import time
 
 from harness_env.images.build import IMAGE
 from harness_env.images.build import build as build_image
+from harness_env.sandbox import limits as limits_mod
 from harness_env.sandbox import reaper
 from harness_env.sandbox.base import (
     FORWARDER_HOST,
@@ -108,10 +109,20 @@ class DockerSandbox(Sandbox):
         info = await asyncio.to_thread(api.exec_inspect, ex["Id"])
         rc = info.get("ExitCode")
         oom = False
-        if rc == 137:
-            state = (await asyncio.to_thread(api.inspect_container, self.container.id))["State"]
-            oom = bool(state.get("OOMKilled"))
+        if rc == 137:  # SIGKILL: the kernel OOM killer, if the container's memory cgroup counted a kill
+            oom = await asyncio.to_thread(self._oom_killed)
         return ExecResult(-1 if rc is None else rc, decode(out), decode(err), False, time.monotonic() - t0, oom)
+
+    def _oom_killed(self) -> bool:
+        """Docker's State.OOMKilled covers only the main process; exec'd processes show in the cgroup."""
+        for mode, name in (("cgroup_v1", "docker"), ("cgroup_v2", "system.slice")):
+            leaf = f"docker-{self.container.id}.scope" if mode == "cgroup_v2" else self.container.id
+            cg = limits_mod.Cgroup(mode, leaf)
+            cg.dirs = [limits_mod.CG_ROOT / ("memory" if mode == "cgroup_v1" else "") / name / leaf]
+            if cg.dirs[0].is_dir():
+                return cg.oom_killed()
+        state = self.backend.client.api.inspect_container(self.container.id)["State"]
+        return bool(state.get("OOMKilled"))
 
     def _kill(self) -> None:
         try:

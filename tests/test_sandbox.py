@@ -1,0 +1,222 @@
+"""Isolation acceptance tests, for bwrap and (marked `docker`) the docker backend: host files, network,
+reward files, fork bomb, memory hog, wall-clock tree kill, and clean-up after kill -9 of the owner."""
+import asyncio
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from harness_env.sandbox import Limits, SandboxSpec, get_backend
+from harness_env.sandbox.reaper import STATE_DIR
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BACKENDS = ["bwrap", pytest.param("docker", marks=pytest.mark.docker)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    b = get_backend(request.param)
+    ok, why = b.available()
+    if not ok:
+        pytest.skip(why)
+    return b
+
+
+def _procs_with_argv(argv: list[str]) -> list[int]:
+    out = []
+    for p in pathlib.Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if (p / "cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in argv]:
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_sandbox(backend, tmp_path, fn, **spec_kw):
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    spec = SandboxSpec(workspace=ws, home=tmp_path / "home", name="test", **spec_kw)
+    async with await backend.create(spec) as sbx:
+        return await fn(sbx)
+
+
+def test_host_files_outside_the_workspace_are_invisible(backend, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "mine.txt").write_text("mine")
+
+    async def go(sbx):
+        return [await sbx.exec(argv) for argv in (["cat", str(secret)], ["cat", "/etc/shadow"],
+                                                  ["sh", "-c", "ls -a /root /home; cat /proc/1/environ"],
+                                                  ["cat", "mine.txt"], ["id", "-u"])]
+
+    leak, shadow, listing, mine, uid = _run(_with_sandbox(backend, tmp_path, go))
+    assert leak.exit_code != 0 and "TOP SECRET" not in leak.stdout
+    assert shadow.exit_code != 0
+    assert "TOP SECRET" not in listing.stdout and ".bashrc" not in listing.stdout
+    assert mine.stdout == "mine"
+    assert uid.stdout.strip() == "1000"  # not root inside
+
+
+def test_network_reaches_the_shim_and_nothing_else(backend, tmp_path):
+    host_srv = socket.create_server(("0.0.0.0", 0))
+    host_port = host_srv.getsockname()[1]
+    host_ip = socket.gethostbyname(socket.gethostname())
+    probe = textwrap.dedent(f"""
+        import socket
+        def tcp(host, port):
+            try:
+                s = socket.create_connection((host, port), timeout=2)
+                s.sendall(b"ping"); s.shutdown(socket.SHUT_WR)
+                return s.recv(100).decode() or "connected"
+            except OSError as e:
+                return type(e).__name__
+        print("shim", tcp("127.0.0.1", 18080))
+        print("host_ip", tcp("{host_ip}", {host_port}))
+        print("host_lo", tcp("127.0.0.1", {host_port}))
+        print("public", tcp("1.1.1.1", 443))
+        try:
+            socket.getaddrinfo("pypi.org", 443); print("dns ok")
+        except OSError as e:
+            print("dns", type(e).__name__)
+    """)
+
+    async def go(sbx):
+        return await sbx.exec(["python3", "-c", probe])
+
+    async def main():
+        async def echo(r, w):
+            w.write(b"pong:" + await r.read(100))
+            await w.drain()
+            w.close()
+
+        srv = await asyncio.start_unix_server(echo, path=str(tmp_path / "shim.sock"))
+        async with srv:
+            return await _with_sandbox(backend, tmp_path, go, shim_socket=tmp_path / "shim.sock")
+
+    try:
+        res = _run(main())
+    finally:
+        host_srv.close()
+    lines = dict(line.split(" ", 1) for line in res.stdout.strip().splitlines())
+    assert lines["shim"] == "pong:ping", res
+    for k in ("host_ip", "host_lo", "public"):
+        assert lines[k] in ("OSError", "ConnectionRefusedError", "TimeoutError", "timeout"), (k, lines[k])
+    assert lines["dns"] != "ok"
+
+
+def test_reward_files_are_visible_only_after_copy_in(backend, tmp_path):
+    reward = tmp_path / "reward"
+    reward.mkdir()
+    (reward / "reward.sh").write_text("echo 1.0\n")
+
+    async def go(sbx):
+        before = await sbx.exec(["sh", "-c", "cat /reward/reward.sh; find / -name reward.sh 2>/dev/null"])
+        await sbx.copy_in(reward, "/reward")
+        after = await sbx.exec(["bash", "/reward/reward.sh"])
+        return before, after
+
+    before, after = _run(_with_sandbox(backend, tmp_path, go))
+    assert "echo" not in before.stdout and "reward.sh" not in before.stdout
+    assert after.stdout.strip() == "1.0"
+
+
+def test_fork_bomb_is_stopped_by_the_pids_limit(backend, tmp_path):
+    counter = textwrap.dedent("""
+        import os, time
+        n = 0
+        try:
+            while n < 5000:
+                if os.fork() == 0:
+                    time.sleep(20); os._exit(0)
+                n += 1
+        except OSError:
+            pass
+        print(n)
+    """)
+
+    async def go(sbx):
+        forks = await sbx.exec(["python3", "-c", counter], timeout=30)
+        alive = await sbx.exec(["echo", "alive"])
+        bomb = await sbx.exec(["bash", "-c", "b(){ b | b & }; b; sleep 2; echo survived"], timeout=8)
+        return forks, alive, bomb
+
+    t0 = time.monotonic()
+    forks, alive, bomb = _run(_with_sandbox(backend, tmp_path, go, limits=Limits(pids=64, memory_mb=512)))
+    assert 0 < int(forks.stdout.strip()) < 64, forks  # fork() starts failing at the limit
+    assert alive.stdout.strip() == "alive"  # the forked children did not take the sandbox down
+    # The classic bomb: bwrap's exec ends with its pid namespace; docker's background bombs keep the
+    # exec open until the wall-clock limit kills the container. Either way it is over, and quickly.
+    assert bomb.timed_out or "survived" in bomb.stdout
+    assert time.monotonic() - t0 < 60
+    assert _procs_with_argv(["bash", "-c", "b(){ b | b & }; b; sleep 2; echo survived"]) == []
+
+
+def test_memory_hog_is_killed_by_the_memory_limit(backend, tmp_path):
+    async def go(sbx):
+        return await sbx.exec(["python3", "-c", "x = bytearray(1 << 30); x[::4096] = b'1' * len(x[::4096])"],
+                              timeout=60)
+
+    res = _run(_with_sandbox(backend, tmp_path, go, limits=Limits(memory_mb=256)))
+    assert res.exit_code in (137, -9) and res.oom_killed, res
+
+
+def test_wall_clock_limit_kills_the_whole_process_tree(backend, tmp_path):
+    async def go(sbx):
+        return await sbx.exec(["sh", "-c", "sleep 311 & (sleep 311 &) ; setsid sleep 311 & sleep 311"], timeout=1.0)
+
+    t0 = time.monotonic()
+    res = _run(_with_sandbox(backend, tmp_path, go))
+    assert res.timed_out and time.monotonic() - t0 < 20
+    deadline = time.monotonic() + 5
+    while _procs_with_argv(["sleep", "311"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with_argv(["sleep", "311"]) == []
+
+
+ORPHAN = textwrap.dedent("""
+    import asyncio, pathlib, sys
+    from harness_env.sandbox import SandboxSpec, get_backend
+    async def main():
+        b = get_backend(sys.argv[1])
+        s = await b.create(SandboxSpec(workspace=pathlib.Path(sys.argv[2]), name="orphan"))
+        print(s.id, flush=True)
+        await s.exec(["sleep", "317"])
+    asyncio.run(main())
+""")
+
+
+def test_kill_9_of_the_owner_leaves_no_orphans_after_the_next_start(backend, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN, backend.name, str(tmp_path / "ws")], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    sid = proc.stdout.readline().strip()
+    deadline = time.monotonic() + 30
+    while not _procs_with_argv(["sleep", "317"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with_argv(["sleep", "317"]), "the sandboxed process never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    reaped = _run(get_backend(backend.name).reap())  # what the next start of any orchestrator does
+    assert reaped >= 1
+    deadline = time.monotonic() + 10
+    while _procs_with_argv(["sleep", "317"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with_argv(["sleep", "317"]) == []
+    if backend.name == "bwrap":
+        assert not (STATE_DIR / sid).exists()
+        assert not any(pathlib.Path("/sys/fs/cgroup").glob(f"*/harness-rl.sandbox/{sid}"))
+    else:
+        assert not backend.client.containers.list(all=True, filters={"name": f"hrl-{sid}"})
