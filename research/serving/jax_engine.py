@@ -1,0 +1,380 @@
+"""The built-in JAX engine: continuous batching over fixed KV-cache slots, behind the async Engine API.
+
+One background thread owns the device state (params, cache, slot table) and runs the loop
+  admit waiting requests into slots -> prefill ONE chunk of one request -> ONE decode step of all slots
+so a request joins the running batch as soon as a slot is free and leaves it the step it finishes;
+nobody waits for a batch. Long prompts are prefilled in fixed chunks interleaved with decode steps, so
+they do not stall streaming requests. Every jitted function has a fixed shape: compiled once per
+(slots, max_len, chunk). asyncio callers get tokens through `loop.call_soon_threadsafe`.
+
+Semantics worth knowing (the shim and the trainer rely on them):
+- logprobs: see sampling.py (after temperature, before top-k/top-p truncation; greedy = T 1).
+- stop tokens are included in `token_ids` (the next turn's prompt must contain them token for token).
+- routed_experts[i] = experts chosen at the forward step that *produced* token i (the last prompt
+  position for i == 0), int32 [n, layers, top_k]: what routing replay needs for the training forward.
+- prompt longer than max_len - 1 -> ContextLengthExceeded; max_new_tokens is clamped to the room
+  left, finishing with "length" (as SGLang does).
+- weight update: `on_update="drain"` (default) stops admitting, lets in-flight requests finish on the
+  old weights, swaps, then runs the queue on the new ones; `"abort"` ends in-flight decodes at once
+  with finish_reason "abort" (tokens so far are old-version tokens) and re-queues requests that had
+  not produced a token yet. Either way each result carries the one version that produced all of it,
+  and cached prefixes of older versions are dropped.
+- pause(): stop admitting, wait for in-flight; while paused new calls raise EngineUnavailable
+  (unless queue_while_paused), already-queued ones wait for resume().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from research.serving.api import (
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    EngineUnavailable,
+    GenerateRequest,
+    GenerateResult,
+    TokenChunk,
+)
+from research.serving.runner import ModelRunner, StepFunctions
+from research.serving.sampling import request_key
+from research.serving.scheduler import SlotTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    num_slots: int = 8
+    max_len: int = 2048  # longest prompt + completion a slot holds
+    prefill_chunk: int = 128
+    on_update: str = "drain"  # drain | abort
+    keep_cache: bool = True  # park finished requests' KV for prefix reuse
+    min_reuse: int = 1  # shortest cached prefix worth reusing
+    queue_while_paused: bool = False
+    retry_after_s: float = 1.0
+
+
+@dataclasses.dataclass(eq=False)
+class _Req:
+    """Engine-internal state of one request; touched only by the engine thread after submission."""
+
+    req: GenerateRequest
+    emit: Callable[[object], None]
+    max_new: int
+    key: np.ndarray
+    slot: int = -1
+    filled: int = 0  # prompt tokens whose K/V are in the slot
+    version: int = -1
+    out: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    experts: list[np.ndarray] = dataclasses.field(default_factory=list)
+    cancelled: bool = False
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.req.prompt_ids
+
+
+class JaxEngine(Engine):
+    def __init__(self, runner: ModelRunner, params, *, config: EngineConfig = EngineConfig(), weight_version: int = 0):
+        if config.on_update not in ("drain", "abort"):
+            raise ValueError(f"on_update must be 'drain' or 'abort', got {config.on_update!r}")
+        self.runner, self.cfg = runner, config
+        self._params, self._version = params, weight_version
+        self._fns = StepFunctions(runner)
+        self._cache = runner.init_cache(config.num_slots, config.max_len + config.prefill_chunk)
+        self._slots = SlotTable(config.num_slots, min_reuse=config.min_reuse)
+        self._active: dict[int, _Req] = {}  # slot -> request
+        self._waiting: collections.deque[_Req] = collections.deque()
+        self._cmds: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._admitting = True  # False while paused or draining for a weight update
+        self._paused = False
+        self._idle_waiters: list[Callable[[], None]] = []
+        self._seeds = itertools.count(0x5EED)
+        self._closed = False
+        self.stats = collections.Counter()
+        self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- Engine API (asyncio side)
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        return self.cfg.max_len
+
+    async def stream(self, req: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        r = self._make_request(req)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        r.emit = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)
+        self._post(("submit", r))
+        done = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if isinstance(item, GenerateResult):
+                    done = True
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self._post(("cancel", r))
+
+    async def pause(self) -> None:
+        self._paused = True
+        await self._call(lambda: self._set_admitting(False))
+        await self._until_idle()
+
+    async def resume(self) -> None:
+        self._paused = False
+        await self._call(lambda: self._set_admitting(True))
+
+    async def update_weights(self, params, version: int) -> None:  # noqa: ANN001
+        """Swaps params (same shapes/dtypes/shardings: no recompile) and tags results with `version`."""
+        if self.cfg.on_update == "drain":
+            await self._call(lambda: self._set_admitting(False))
+            await self._until_idle()
+        await self._call(lambda: self._swap(params, version))
+
+    async def flush_cache(self) -> None:
+        await self._call(self._slots.flush)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._post(("stop", None))
+        await asyncio.to_thread(self._thread.join)
+
+    # ---------------------------------------------------------------- helpers (asyncio side)
+    def _make_request(self, req: GenerateRequest) -> _Req:
+        if self._closed:
+            raise EngineUnavailable("engine is closed", retry_after_s=self.cfg.retry_after_s)
+        if self._paused and not self.cfg.queue_while_paused:
+            raise EngineUnavailable("engine is paused for a weight update", retry_after_s=self.cfg.retry_after_s)
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise ValueError("prompt_ids is empty")
+        if n >= self.cfg.max_len:
+            raise ContextLengthExceeded(f"prompt has {n} tokens; this engine's context is {self.cfg.max_len}")
+        bad = [t for t in req.prompt_ids if not 0 <= t < self.runner.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_ids contains {bad[0]}, outside vocab {self.runner.vocab_size}")
+        sp = req.sampling
+        if sp.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {sp.max_new_tokens}")
+        seed = sp.seed if sp.seed is not None else next(self._seeds)
+        return _Req(
+            req=req, emit=lambda _: None, max_new=min(sp.max_new_tokens, self.cfg.max_len - n),
+            key=np.asarray(request_key(seed)),
+        )
+
+    def _post(self, cmd) -> None:
+        self._cmds.put(cmd)
+        self._wake.set()
+
+    async def _call(self, fn: Callable[[], object]):
+        """Runs `fn` on the engine thread between steps and returns its result."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def done(res, exc):
+            if not fut.done():
+                fut.set_exception(exc) if exc else fut.set_result(res)
+
+        self._post(("call", (fn, lambda res, exc: loop.call_soon_threadsafe(done, res, exc))))
+        return await fut
+
+    async def _until_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        cb = lambda: loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+        await self._call(lambda: self._idle_waiters.append(cb))
+        self._wake.set()
+        await fut
+
+    # ---------------------------------------------------------------- engine thread
+    def _run(self) -> None:
+        while True:
+            if not self._handle_commands():
+                break
+            try:
+                self._admit()
+                worked = self._prefill_step()
+                worked = self._decode_step() or worked
+            except Exception as e:  # a device error must not leave callers hanging forever
+                log.exception("engine step failed")
+                self._fail_all(EngineError(f"engine step failed: {e!r}"))
+                worked = False
+            self._notify_idle()
+            if not worked:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+        self._fail_all(EngineUnavailable("engine closed", retry_after_s=self.cfg.retry_after_s))
+
+    def _handle_commands(self) -> bool:
+        while True:
+            try:
+                kind, arg = self._cmds.get_nowait()
+            except queue.Empty:
+                return True
+            if kind == "submit":
+                self._waiting.append(arg)
+            elif kind == "cancel":
+                self._cancel(arg)
+            elif kind == "call":
+                fn, reply = arg
+                try:
+                    reply(fn(), None)
+                except Exception as e:
+                    reply(None, e)
+            elif kind == "stop":
+                return False
+
+    def _set_admitting(self, on: bool) -> None:
+        self._admitting = on and not self._paused
+
+    def _notify_idle(self) -> None:
+        if self._idle_waiters and not self._active:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for cb in waiters:
+                cb()
+
+    def _swap(self, params, version: int) -> None:
+        for r in list(self._active.values()):
+            if r.out:
+                self._finish(r, "abort")
+            else:  # nothing emitted yet: run it again from scratch on the new weights
+                self._release(r, keep=False)
+                r.filled, r.slot = 0, -1
+                self._waiting.appendleft(r)
+        self._params, self._version = params, version
+        self._slots.flush()
+        self._set_admitting(True)
+        self.stats["weight_updates"] += 1
+
+    def _cancel(self, r: _Req) -> None:
+        r.cancelled = True
+        if r in self._waiting:
+            self._waiting.remove(r)
+        elif r.slot >= 0 and self._active.get(r.slot) is r:
+            self._release(r, keep=True)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for r in list(self._active.values()) + list(self._waiting):
+            r.emit(exc)
+            if r.slot >= 0:
+                self._release(r, keep=False)
+        self._waiting.clear()
+
+    def _admit(self) -> None:
+        while self._admitting and self._waiting and self._slots.has_room():
+            r = self._waiting[0]
+            p = self._slots.place(r.prompt, r.req.session_id, self._version)
+            if p is None:
+                return
+            self._waiting.popleft()
+            if p.copy_from is not None:
+                self._cache = self._fns.copy_slot(self._cache, jnp.int32(p.copy_from), jnp.int32(p.slot))
+                self.stats["slot_copies"] += 1
+            self._slots.acquire(p, r.prompt, r.req.session_id, self._version)
+            r.slot, r.filled, r.version = p.slot, p.reuse, self._version
+            self._active[p.slot] = r
+            self.stats["reused_tokens"] += p.reuse
+            self.stats["admitted"] += 1
+
+    def _prefill_step(self) -> bool:
+        """Prefills one chunk of the oldest request still prefilling; samples its first token at the end."""
+        pending = [r for r in self._active.values() if r.filled < len(r.prompt)]
+        if not pending:
+            return False
+        r = min(pending, key=lambda x: self._slots.slots[x.slot].last_used)
+        C = self.cfg.prefill_chunk
+        chunk = r.prompt[r.filled : r.filled + C]
+        tokens = np.zeros(C, np.int32)
+        tokens[: len(chunk)] = chunk
+        sp = r.req.sampling
+        self._cache, tok, lp, experts = self._fns.prefill(
+            self._params, self._cache, jnp.int32(r.slot), tokens, jnp.int32(r.filled), jnp.int32(len(chunk)),
+            jnp.float32(sp.temperature), jnp.float32(sp.top_p), jnp.int32(sp.top_k), r.key, jnp.int32(0),
+        )
+        self._slots.extend(r.slot, chunk)
+        r.filled += len(chunk)
+        self.stats["prefill_tokens"] += len(chunk)
+        if r.filled == len(r.prompt):
+            tok, lp, experts = jax.device_get((tok, lp, experts))
+            self._accept(r, int(tok), float(lp), experts)
+        return True
+
+    def _decode_step(self) -> bool:
+        decoding = [r for r in self._active.values() if r.filled == len(r.prompt) and r.out]
+        if not decoding:
+            return False
+        B, scratch = self.cfg.num_slots, self.cfg.max_len
+        tokens, positions = np.zeros(B, np.int32), np.full(B, scratch, np.int32)
+        temp, top_p = np.ones(B, np.float32), np.ones(B, np.float32)
+        top_k, steps = np.full(B, -1, np.int32), np.zeros(B, np.int32)
+        keys = np.zeros((B, 2), np.uint32)
+        for r in decoding:
+            s, sp = r.slot, r.req.sampling
+            tokens[s], positions[s] = r.out[-1], len(r.prompt) + len(r.out) - 1
+            temp[s], top_p[s], top_k[s], keys[s], steps[s] = sp.temperature, sp.top_p, sp.top_k, r.key, len(r.out)
+        self._cache, tok_B, lp_B, experts_B = self._fns.decode(
+            self._params, self._cache, tokens, positions, temp, top_p, top_k, keys, steps
+        )
+        tok_B, lp_B, experts_B = jax.device_get((tok_B, lp_B, experts_B))
+        self.stats["decode_steps"] += 1
+        for r in decoding:
+            self._slots.extend(r.slot, [r.out[-1]])
+            self._accept(r, int(tok_B[r.slot]), float(lp_B[r.slot]), experts_B[r.slot])
+        return True
+
+    def _accept(self, r: _Req, tok: int, lp: float, experts: np.ndarray) -> None:
+        r.out.append(tok)
+        r.logprobs.append(lp)
+        if r.req.return_routed_experts:
+            r.experts.append(np.asarray(experts, np.int32))
+        self.stats["generated_tokens"] += 1
+        r.emit(TokenChunk(token_ids=[tok], logprobs=[lp]))
+        if tok in r.req.sampling.stop_token_ids:
+            self._finish(r, "stop")
+        elif len(r.out) >= r.max_new:
+            self._finish(r, "length")
+
+    def _finish(self, r: _Req, reason: str) -> None:
+        experts = None
+        if r.req.return_routed_experts and self.runner.routing_shape is not None:
+            L, K = self.runner.routing_shape
+            experts = np.stack(r.experts) if r.experts else np.zeros((0, L, K), np.int32)
+        r.emit(
+            GenerateResult(
+                token_ids=list(r.out), logprobs=list(r.logprobs), finish_reason=reason,
+                weight_version=r.version, routed_experts=experts, prompt_tokens=len(r.prompt),
+            )
+        )
+        self._release(r, keep=True)
+
+    def _release(self, r: _Req, *, keep: bool) -> None:
+        if self._active.get(r.slot) is r:
+            del self._active[r.slot]
+            self._slots.release(r.slot, keep=keep and self.cfg.keep_cache)

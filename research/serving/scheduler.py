@@ -1,0 +1,122 @@
+"""Host-side bookkeeping of the engine's fixed KV-cache slots: who owns a slot, what its cache holds.
+
+The device cache has a fixed shape [slots, max_len] for the engine's life (jit once). A slot is
+`free` (holds nothing useful), `busy` (a running request) or `parked` (a finished request's KV is
+kept so the next turn of the same session — or any prompt sharing its prefix — skips re-prefill).
+
+Prefix reuse: for a new prompt we find the slot whose valid cache tokens share the longest common
+prefix (LCP) with it. A parked match is taken over in place; a match in a busy slot (e.g. the 8
+samples of a GRPO group, or another session on the same task) is *copied* into a free slot (one
+device row copy, far cheaper than prefilling thousands of tokens). Caches are tagged with the
+weight version that produced them and are never reused across versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+FREE, BUSY, PARKED = "free", "busy", "parked"
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: prompts are 10-100k tokens and usually share almost everything.
+    step = 256
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclasses.dataclass
+class Slot:
+    index: int
+    state: str = FREE
+    cached: list[int] = dataclasses.field(default_factory=list)  # tokens whose K/V are valid, in order
+    version: int = -1
+    session_id: str | None = None
+    last_used: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a request goes: `slot`, reusing the first `reuse` tokens, copied from `copy_from` first."""
+
+    slot: int
+    reuse: int
+    copy_from: int | None = None
+
+
+class SlotTable:
+    def __init__(self, num_slots: int, *, min_reuse: int = 1):
+        self.slots = [Slot(i) for i in range(num_slots)]
+        self.min_reuse = min_reuse
+        self._clock = itertools.count(1)
+
+    def has_room(self) -> bool:
+        return any(s.state != BUSY for s in self.slots)
+
+    def place(self, prompt: list[int], session_id: str | None, version: int) -> Placement | None:
+        """Picks a slot for `prompt` (None when every slot is busy). Does not mark it busy."""
+        best, best_len = None, 0
+        for s in self.slots:
+            if s.state == FREE or s.version != version or not s.cached:
+                continue
+            n = common_prefix_len(s.cached, prompt)
+            # Same session wins ties: its cache is the natural continuation of this prompt.
+            if n > best_len or (n == best_len and n > 0 and session_id and s.session_id == session_id):
+                best, best_len = s, n
+        # At least one prompt token must be prefilled: its logits produce the first sampled token.
+        reuse = min(best_len, len(prompt) - 1)
+        if best is not None and reuse < self.min_reuse:
+            best, reuse = None, 0
+        if best is not None and best.state == PARKED:
+            return Placement(best.index, reuse)
+        target = self._victim(protect=best.index if best is not None else None)
+        if target is None:
+            return None
+        if best is not None:
+            return Placement(target.index, reuse, copy_from=best.index)
+        return Placement(target.index, 0)
+
+    def _victim(self, protect: int | None) -> Slot | None:
+        """A free slot, else the least recently used parked one (never `protect`, a copy source)."""
+        free = [s for s in self.slots if s.state == FREE]
+        if free:
+            return free[0]
+        parked = [s for s in self.slots if s.state == PARKED and s.index != protect]
+        return min(parked, key=lambda s: s.last_used) if parked else None
+
+    def acquire(self, p: Placement, prompt: list[int], session_id: str | None, version: int) -> None:
+        s = self.slots[p.slot]
+        if p.copy_from is not None:
+            prefix = self.slots[p.copy_from].cached[: p.reuse]
+        else:
+            prefix = s.cached[: p.reuse]
+        assert prefix == prompt[: p.reuse], "reused cache does not match the prompt prefix"
+        s.state, s.cached, s.version, s.session_id = BUSY, list(prefix), version, session_id
+        s.last_used = next(self._clock)
+
+    def extend(self, slot: int, tokens: list[int]) -> None:
+        """Records that K/V of `tokens` were written after the slot's current valid prefix."""
+        self.slots[slot].cached.extend(tokens)
+
+    def release(self, slot: int, *, keep: bool) -> None:
+        s = self.slots[slot]
+        s.last_used = next(self._clock)
+        if keep and s.cached:
+            s.state = PARKED
+        else:
+            s.state, s.cached, s.session_id = FREE, [], None
+
+    def flush(self) -> None:
+        """Forgets every parked cache (after a weight update or an explicit flush)."""
+        for s in self.slots:
+            if s.state == PARKED:
+                s.state, s.cached, s.session_id = FREE, [], None
+
+    def busy(self) -> list[int]:
+        return [s.index for s in self.slots if s.state == BUSY]
