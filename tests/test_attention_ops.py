@@ -136,7 +136,7 @@ def test_blockwise_matches_reference_on_random_trees(seed, blocks):
     assert np.all(np.asarray(out_blk)[np.asarray(seg) == 0] == 0)
 
 
-@pytest.mark.parametrize("impl", ["causal", "blockwise", "auto"])
+@pytest.mark.parametrize("impl", ["causal", "blockwise", "auto", "dense_blocks"])
 def test_causal_segments(impl):
     B, T, H, K, D = 2, 96, 6, 3, 16
     seg, _, end, _ = random_rows(7, B, T, max_trees=4, causal=True)

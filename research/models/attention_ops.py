@@ -17,6 +17,8 @@ Implementations (``impl=``):
   trees with the same padded T share one compilation.
 - ``"causal"``: the same kernel with the plain segment-causal mask (``subtree_end`` ignored): only the
   diagonal blocks and below, of the same segment, are visited.
+- ``"dense_blocks"``: the blockwise kernel with skipping disabled (every key block visited, masked per
+  element): the no-skipping baseline of ``research/benchmarks/attention.py``.
 - ``"auto"``: ``"blockwise"``.
 
 Mapping to accelerators. On TPU the same (visibility-list, per-block mask) structure is exactly what
@@ -38,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+IMPLS = ("auto", "blockwise", "causal", "dense_blocks", "reference")
 _NEG = -1e30  # finite "minus infinity": masked logits never produce inf - inf = NaN
 
 
@@ -92,7 +95,7 @@ class _Blocks(NamedTuple):
     count: Array  # [NQ] how many key blocks query block qi sees
 
 
-def _block_lists(seg, end, bq: int, bk: int, causal: bool) -> _Blocks:
+def _block_lists(seg, end, bq: int, bk: int, causal: bool, skip: bool = True) -> _Blocks:
     """Which key blocks each query block can see, from O(T) summaries (conservative: never drops one).
 
     A pair is visible if some key j <= some query i (ks <= qe), some key's subtree reaches the query block
@@ -119,6 +122,8 @@ def _block_lists(seg, end, bq: int, bk: int, causal: bool) -> _Blocks:
         & (ks_min[:, None, :] <= qs_max[:, :, None])
         & (ks_max[:, None, :] >= qs_min[:, :, None])
     )
+    if not skip:  # baseline for benchmarks: visit every key block, rely on the per-element mask
+        vis = jnp.ones_like(vis)
     order = jnp.argsort(~vis, axis=-1, stable=True).astype(jnp.int32)
     kidx = (order + (jnp.arange(B, dtype=jnp.int32) * nk)[:, None, None]).reshape(B * nq, nk)
     return _Blocks(
@@ -229,7 +234,7 @@ def _flash_bwd(groups, res, doT):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool):
+def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool = True):
     """Pad T, lay blocks out as [blocks, K, G*block, D] (kv-head-batched matmuls), run the flash kernel."""
     B, T, H, D = q.shape
     K = k.shape[2]
@@ -242,7 +247,7 @@ def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool):
         q, k, v = (jnp.pad(x, pad + [(0, 0), (0, 0)]) for x in (q, k, v))
         seg, end = jnp.pad(seg, pad), jnp.pad(end, pad)
     seg, end = seg.astype(jnp.int32), end.astype(jnp.int32)
-    bl = _block_lists(seg, end, bq, bk, causal)
+    bl = _block_lists(seg, end, bq, bk, causal, skip)
     nq, nk = Tp // bq, Tp // bk
     qs = q * jnp.asarray(1.0 / math.sqrt(D), q.dtype)
     qT = qs.reshape(B, nq, bq, K, G, D).transpose(0, 1, 3, 4, 2, 5).reshape(B * nq, K, G * bq, D)
@@ -269,7 +274,7 @@ def attend(
         subtree_end_BxT = segment_subtree_end(segment_ids_BxT)
     if impl == "reference":
         return _reference(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, visibility_mask(segment_ids_BxT, subtree_end_BxT))
-    if impl in ("auto", "blockwise", "causal"):
+    if impl in ("auto", "blockwise", "causal", "dense_blocks"):
         return _blockwise(
             q_BxTxHxD,
             k_BxTxKxD,
@@ -279,5 +284,6 @@ def attend(
             bq=block_q,
             bk=block_k,
             causal=impl == "causal",
+            skip=impl != "dense_blocks",
         )
-    raise ValueError(f"unknown attention impl {impl!r}; expected one of ['auto', 'blockwise', 'causal', 'reference']")
+    raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
