@@ -1,0 +1,1 @@
+"""Evaluation: pass@k / pass^k metrics, behaviour analytics from captured traces, reports."""
