@@ -106,7 +106,7 @@ def test_step_metrics_update_and_no_recompile():
     assert new.params["w"].sharding.spec == P("fsdp", "tensor")
     new2, m2 = step(new, _batch(1))
     assert float(m2["noise"]) != float(metrics["noise"])  # rng advances
-    assert step._cache_size() == 1
+    assert step.cache_size() == 1
 
 
 def test_microbatches_equal_full_batch():

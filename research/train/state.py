@@ -24,9 +24,14 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
+import numpy as np
 import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from research.models import ModelConfig, Qwen3, dummy_inputs
+from research.train.optim import make_optimizer
 
 PyTree = Any
 InitFn = Callable[[jax.Array], PyTree]  # rng -> boxed params (nn.Partitioned leaves carry logical names)
@@ -103,6 +108,11 @@ def _build(init: StateInit, rng: jax.Array) -> TrainState:
 
 def state_shardings(init: StateInit, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> TrainState:
     """A TrainState-shaped tree of NamedShardings, computed from abstract shapes only."""
+    with jax.set_mesh(mesh):
+        return _state_shardings(init, mesh, rules)
+
+
+def _state_shardings(init: StateInit, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> TrainState:
     rng = jax.random.PRNGKey(0)
     boxed = jax.eval_shape(init.init_fn, rng)
     p_sh = param_shardings(boxed, mesh, rules)
@@ -125,7 +135,8 @@ def state_shardings(init: StateInit, mesh: Mesh, rules: Sequence[tuple[str, Any]
 def abstract_train_state(init: StateInit, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> TrainState:
     """ShapeDtypeStructs carrying their target shardings: for AOT lowering and orbax restore targets."""
     shardings = state_shardings(init, mesh, rules)
-    shapes = jax.eval_shape(lambda r: _build(init, r), jax.random.PRNGKey(0))
+    with jax.set_mesh(mesh):
+        shapes = jax.eval_shape(lambda r: _build(init, r), jax.random.PRNGKey(0))
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
@@ -145,3 +156,55 @@ def tree_norm(tree: PyTree) -> jax.Array:
     if not leaves:
         return jnp.zeros((), jnp.float32)
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+
+
+AXES = ("data", "fsdp", "expert", "tensor")
+
+
+def make_mesh(mesh_cfg: ml_collections.ConfigDict | dict, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Mesh (data, fsdp, expert, tensor) from `config.mesh`; one axis may be -1 = all remaining devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [int(dict(mesh_cfg)[a]) for a in AXES]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"config.mesh {dict(mesh_cfg)}: at most one axis may be -1")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"config.mesh {dict(mesh_cfg)}: {len(devices)} devices not divisible by {known}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    n = int(np.prod(sizes))
+    if n > len(devices):
+        raise ValueError(f"config.mesh {dict(mesh_cfg)} needs {n} devices, have {len(devices)}")
+    return Mesh(np.asarray(devices[:n]).reshape(sizes), AXES)
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """`config.model` (all ModelConfig fields) -> the frozen ModelConfig the model functions take."""
+    fields = config.model.to_dict()
+    for key in ("mlp_only_layers", "logical_rules"):
+        if key in fields:
+            fields[key] = _tuples(fields[key])
+    try:
+        return ModelConfig(**fields)
+    except TypeError as e:
+        raise ValueError(f"config.model: {e}") from e
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def policy_state_init(config: ml_collections.ConfigDict) -> tuple[StateInit, ModelConfig]:
+    """The StateInit of the Qwen3 policy described by `config.model` / `config.optim`."""
+    cfg = model_config(config)
+    optimizer, _ = make_optimizer(config.optim)
+    init_fn = lambda r: Qwen3(cfg).init(r, *dummy_inputs())["params"]
+    return StateInit(init_fn=init_fn, optimizer=optimizer), cfg
+
+
+def create_train_state(
+    config: ml_collections.ConfigDict, mesh: Mesh, rng: jax.Array
+) -> tuple[TrainState, TrainState]:
+    """(state, shardings) of the policy in `config`, built shard-by-shard on `mesh`."""
+    init, cfg = policy_state_init(config)
+    return init_train_state(init, mesh, cfg.logical_rules, rng)
