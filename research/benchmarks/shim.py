@@ -5,7 +5,9 @@
    goes through HTTP -> parse -> incremental render -> engine -> parse -> capture (fsync) -> JSON, and
    is compared with calling the same engine directly on the same prompt ids (same run):
    overhead = t_shim - t_direct. `overhead_ms_p50/p99` are over turns 2..20 (the steady state of a
-   session: cost ~ new tokens); turn 1 (tokenizing the whole 20k-token prompt) is reported apart.
+   session: cost ~ new tokens); turn 1 (tokenizing the whole 20k-token prompt) is reported apart, and
+   so is `capture_to_json_ms_p50`, the time research/capture.py's `to_json` takes per record (it is
+   part of the overhead: the record is serialized and fsync'd before the response completes).
 2. `calls_per_s`: 64 concurrent streaming sessions (short multi-turn chats) against the same engine,
    client in the same process (so the number includes the client's CPU).
 """
@@ -21,6 +23,7 @@ import time
 import aiohttp
 import numpy as np
 
+from research.capture import to_json
 from research.models.tokenizer import load_tokenizer
 from research.serving.api import GenerateRequest, SamplingParams
 from research.serving.replay import ReplayEngine
@@ -51,7 +54,7 @@ async def _post(http: aiohttp.ClientSession, url: str, key: str, body: dict) -> 
 
 async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, prompt_tokens: int, fsync: bool):
     per_turn: dict[int, list[float]] = {t: [] for t in range(turns)}
-    prompt_lens = []
+    prompt_lens, to_json_ms = [], []
     async with running_shim(engine, tok, log, fsync=fsync) as srv, aiohttp.ClientSession() as http:
         for k in range(sessions):
             s = await srv.open_session(f"r{k}", "bench", "bench")
@@ -74,12 +77,17 @@ async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, p
                 msgs.append({"role": "tool", "tool_call_id": m["tool_calls"][0]["id"],
                              "content": f"result of turn {t}: " + "ok " * 60})
             recs = await srv.close_session(s.session_id)
+            for rec in recs[1:]:  # the capture schema's serializer, timed alone (it runs inside every call)
+                t0 = time.perf_counter()
+                to_json(rec)
+                to_json_ms.append((time.perf_counter() - t0) * 1e3)
             assert all(b.parent_call_id == a.call_id and b.prefix_match_len == len(a.prompt_ids + a.completion_ids)
                        for a, b in zip(recs, recs[1:])), "bench session was not append-only"
     steady = [x for t in range(1, turns) for x in per_turn[t]]
     return {"overhead_ms_p50": float(np.percentile(steady, 50)), "overhead_ms_p99": float(np.percentile(steady, 99)),
             "overhead_ms_p50_last_turn": statistics.median(per_turn[turns - 1]),
             "first_call_overhead_ms_p50": statistics.median(per_turn[0]),
+            "capture_to_json_ms_p50": statistics.median(to_json_ms),
             "prompt_tokens_first": min(prompt_lens), "prompt_tokens_last": max(prompt_lens)}
 
 

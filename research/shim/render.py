@@ -155,6 +155,13 @@ class GeneratedTurn:
 
 
 @dataclasses.dataclass
+class Plan:
+    parts: list[str | GeneratedTurn]  # the last part is the generation prompt
+    retokenized_turns: int
+    missing: list[str]  # segment texts not in the cache yet
+
+
+@dataclasses.dataclass
 class Prompt:
     ids: list[int]
     head_ids: list[int]  # generation-prompt suffix of `ids`
@@ -193,26 +200,50 @@ class SessionRenderer:
             ids = ids + [self.im_end_id]
         return ids + self.nl_ids
 
-    def build(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool) -> Prompt:
-        ids: list[int] = []
-        new_tokens = exact = retok = 0
-        exact_calls: list[str] = []
+    def plan(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool) -> Plan:
+        """Segments of the prompt (text, or a generated turn to put back as ids) + texts not yet tokenized."""
+        parts: list[str | GeneratedTurn] = []
+        retok = 0
         for text, asst in render_segments(messages, tools):
-            turn = None
             if asst is not None:
                 k_exact, k_loose = message_keys(asst)
                 turn = self._generated.get(k_exact) or self._generated.get(k_loose)
-            if turn is not None:
-                ids += self.exact_turn_ids(turn)
-                exact += 1
-                exact_calls.append(turn.call_id)
-                continue
-            seg, n = self._ids(text)
-            ids += seg
-            new_tokens += n
-            retok += asst is not None
-        head, n = self._ids(generation_prompt(enable_thinking))
-        return Prompt(ids + head, list(head), new_tokens + n, exact, retok, exact_calls)
+                if turn is not None:
+                    parts.append(turn)
+                    continue
+                retok += 1
+            parts.append(text)
+        parts.append(generation_prompt(enable_thinking))
+        missing = list(dict.fromkeys(p for p in parts if isinstance(p, str) and p not in self._cache))
+        return Plan(parts, retok, missing)
+
+    def add_tokenized(self, texts: list[str], ids: list[list[int]]) -> int:
+        for t, i in zip(texts, ids, strict=True):
+            self._cache[t] = i
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        return sum(map(len, ids))
+
+    def assemble(self, plan: Plan, tokenized_tokens: int) -> Prompt:
+        ids: list[int] = []
+        exact_calls: list[str] = []
+        for part in plan.parts[:-1]:
+            if isinstance(part, GeneratedTurn):
+                ids += self.exact_turn_ids(part)
+                exact_calls.append(part.call_id)
+            else:
+                seg, n = self._ids(part)
+                ids += seg
+                tokenized_tokens += n
+        head, n = self._ids(plan.parts[-1])
+        return Prompt(ids + head, list(head), tokenized_tokens + n, len(exact_calls), plan.retokenized_turns,
+                      exact_calls)
+
+    def build(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool) -> Prompt:
+        """Synchronous plan + tokenize + assemble (the shim tokenizes large new text off the event loop)."""
+        plan = self.plan(messages, tools, enable_thinking=enable_thinking)
+        n = self.add_tokenized(plan.missing, [self.tok.encode(t) for t in plan.missing])
+        return self.assemble(plan, n)
 
     def remember(self, keys: tuple[tuple, tuple], turn: GeneratedTurn) -> None:
         for k in keys:

@@ -30,6 +30,8 @@ from research.serving.api import (
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect
 from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
 
+OFFLOAD_CHARS = 16384  # new text above this is tokenized in a thread (encode_batch releases the GIL)
+
 
 @dataclasses.dataclass
 class ChatRequest:
@@ -69,7 +71,7 @@ class Session:
         self.meta = dict(meta or {})
         self.renderer = SessionRenderer(tokenizer)
         self.records: list[CallRecord] = []
-        self._seqs: list[tuple[str, np.ndarray]] = []  # (call_id, prompt+completion) of finished calls
+        self._seqs: list[tuple[str, list[int]]] = []  # (call_id, prompt+completion) of finished calls
         self._next_index = 0
         self.inflight: set[asyncio.Task] = set()
 
@@ -84,14 +86,14 @@ class Session:
         """
         if not self._seqs:
             return None, None
-        p = np.asarray(prompt_ids, dtype=np.int64)
         cid, seq = self._seqs[-1]
-        if len(seq) <= len(p) and np.array_equal(p[:len(seq)], seq):
+        if len(seq) <= len(prompt_ids) and prompt_ids[:len(seq)] == seq:
             return cid, len(seq)
+        p = np.asarray(prompt_ids, dtype=np.int64)
         best_id, best = None, -1
         for cid, seq in reversed(self._seqs):
             n = min(len(seq), len(p))
-            neq = np.flatnonzero(p[:n] != seq[:n])
+            neq = np.flatnonzero(p[:n] != np.asarray(seq[:n], dtype=np.int64))
             lcp = int(neq[0]) if len(neq) else n
             if lcp > best:
                 best_id, best = cid, lcp
@@ -100,7 +102,7 @@ class Session:
     def add_finished(self, rec: CallRecord) -> None:
         self.records.append(rec)
         if rec.status == "ok":
-            self._seqs.append((rec.call_id, np.asarray(rec.prompt_ids + rec.completion_ids, dtype=np.int64)))
+            self._seqs.append((rec.call_id, rec.prompt_ids + rec.completion_ids))
 
 
 class Call:
@@ -126,9 +128,14 @@ class Call:
 
     # ---- before headers: everything that can still become a clean HTTP error ------------------
 
-    def build_prompt(self) -> None:
-        p = self.session.renderer.build(self.req.messages, self.req.tools, enable_thinking=self.thinking)
-        self.prompt = p
+    async def build_prompt(self) -> None:
+        r = self.session.renderer
+        plan = r.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
+        if sum(map(len, plan.missing)) > OFFLOAD_CHARS:  # e.g. a 76 KB first request: keep the loop serving
+            ids = await asyncio.get_running_loop().run_in_executor(None, self.tok.encode_batch, plan.missing)
+        else:
+            ids = [self.tok.encode(t) for t in plan.missing]
+        p = self.prompt = r.assemble(plan, r.add_tokenized(plan.missing, ids))
         self.parent_call_id, self.prefix_match_len = self.session.find_parent(p.ids)
         max_ctx = self.engine.max_context
         if len(p.ids) >= max_ctx:
@@ -147,7 +154,7 @@ class Call:
 
     async def start(self) -> None:
         """Builds the prompt and waits for the engine's first item, so engine errors are still HTTP errors."""
-        self.build_prompt()
+        await self.build_prompt()
         greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
                                return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
         self._stream = self.engine.stream(greq)
