@@ -1,0 +1,84 @@
+"""Qwen3-30B-A3B (48 layers, 128 experts top-8, 30.5B total / 3.35B active parameters) at real scale.
+
+The dims are written here (not read from a file) so the config is self-contained; tests cross-check
+them against `../shared/qwen3/config.json` (the HF config of Qwen/Qwen3-30B-A3B).
+
+Targets (`arg`), both validated here by AOT-compiling the train step on fake CPU devices:
+
+  gpu  one 8x H100/H200 host: mesh (data=1, fsdp=1, expert=8, tensor=1). Experts (97% of the params)
+       are split 8 ways by expert parallelism (16 experts per GPU, tokens exchanged inside the MoE
+       block); attention/embeddings (1.5B) are replicated. Rows: 8 x 8192 tokens per step.
+  tpu  TPU v5p-32 slice (16 chips, 95 GB HBM each): mesh (data=1, fsdp=2, expert=8, tensor=1); every
+       matrix is also FSDP-sharded over 2, experts over expert x fsdp = 16. Rows: 16 x 8192 tokens.
+
+fp32 master weights and Adam moments (16 bytes/param: 488 GB for 30.5B before activations), bf16
+compute, full remat per layer, chunked fused-head log-probs. Per-device memory from XLA's compiled
+`memory_analysis()` is printed by:
+
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu   # needs 16 (fake) devices
+
+(The RL launcher `python -m launch.train --config=configs/qwen3_30b_a3b_gpu.py` builds on this file.)
+"""
+
+import ml_collections
+
+from research.models.config import DEFAULT_RULES
+from research.train.optim import default_optim_config
+
+# Qwen/Qwen3-30B-A3B config.json, verbatim values.
+QWEN3_30B_A3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_layers=48,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    mlp_only_layers=(),
+    decoder_sparse_step=1,
+)
+
+_MESHES = {
+    "gpu": dict(data=1, fsdp=1, expert=8, tensor=1),
+    "tpu": dict(data=1, fsdp=2, expert=8, tensor=1),
+}
+_ROWS = {"gpu": 8, "tpu": 16}
+
+
+def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
+    if arg not in _MESHES:
+        raise ValueError(f"configs/qwen3_30b_a3b.py: arg {arg!r} not in {sorted(_MESHES)}")
+    config = ml_collections.ConfigDict()
+    config.name = f"qwen3_30b_a3b_{arg}"
+    config.seed = 0
+    config.model = ml_collections.ConfigDict(
+        dict(
+            **QWEN3_30B_A3B,
+            dtype="bfloat16",
+            param_dtype="float32",
+            attention_impl="auto",
+            moe_impl="ragged",
+            expert_parallel=True,
+            remat_policy="full",
+            scan_layers=True,
+            logical_rules=DEFAULT_RULES,
+        )
+    )
+    config.mesh = ml_collections.ConfigDict(_MESHES[arg])
+    config.optim = default_optim_config()
+    # ~ the RL settings of ClawGym / DAPO-style runs: small constant lr after a short warmup, clip 1.0.
+    config.optim.update(learning_rate=1e-6, schedule="constant", warmup_steps=10, total_steps=400,
+                        weight_decay=0.01, clip_norm=1.0)
+    config.train = ml_collections.ConfigDict(
+        dict(batch_rows=_ROWS[arg], row_len=8192, num_microbatches=1, logprob_chunk=2048, steps=400)
+    )
+    config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
+    return config
