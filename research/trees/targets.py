@@ -54,18 +54,22 @@ def rollout_advantages(trees: list[GroupTree], *, estimator: str) -> list[np.nda
 
     Returns per tree the [O] advantage of each occurrence (its rollout's advantage).
     """
-    keys, rewards, gids, group_of = [], [], [], {}
+    keys, rewards, gids, group_of, seen = [], [], [], {}, set()
     for t in trees:
         gid = group_of.setdefault((t.group_id, t.harness), len(group_of))
         for rid, r in dict((c.rollout_id, c.reward) for c in t.calls).items():
-            keys.append((id(t), rid))
+            if (gid, rid) in seen:  # a rollout split over several trees (e.g. the flat one-call-per-tree view)
+                continue
+            seen.add((gid, rid))
+            keys.append((gid, rid))
             rewards.append(r)
             gids.append(gid)
     adv = np.asarray(adv_lib.group_advantages(
         estimator, rewards_N=np.asarray(rewards, np.float32), group_ids_N=np.asarray(gids, np.int32),
         num_groups=len(group_of)))
     by_key = dict(zip(keys, adv.tolist()))
-    return [np.asarray([by_key[(id(t), t.calls[ci].rollout_id)] for ci in t.occ_call], np.float32) for t in trees]
+    return [np.asarray([by_key[(group_of[(t.group_id, t.harness)], t.calls[ci].rollout_id)] for ci in t.occ_call],
+                       np.float32) for t in trees]
 
 
 def path_last(tree: GroupTree) -> np.ndarray:
