@@ -41,6 +41,7 @@ from harness_env.sandbox.base import (
     register_backend,
 )
 from harness_env.sandbox.bwrap import ETC_PASSTHROUGH
+from harness_env.sandbox.forwarder import READY
 
 OUR_SOCKET = "/run/harness-rl-docker.sock"  # the dockerd that .ci/setup.d/30-docker.sh starts
 UID = 1000
@@ -225,7 +226,26 @@ class DockerBackend(Backend):
             container = await asyncio.to_thread(self.client.containers.run, **self.run_kwargs(sid, spec))
         except Exception as e:
             raise SandboxStartError(f"sandbox {sid}: docker run failed: {e}") from e
-        return DockerSandbox(sid, spec, self, container)
+        sbx = DockerSandbox(sid, spec, self, container)
+        if spec.shim_socket is not None:
+            await self._wait_forwarder(sbx)
+        return sbx
+
+    async def _wait_forwarder(self, sbx: DockerSandbox, timeout_s: float = 10.0) -> None:
+        """The harness must not start before 127.0.0.1:PORT listens: wait for the forwarder's ready line."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                logs = await asyncio.to_thread(sbx.container.logs, stdout=True, stderr=True)
+            except Exception as e:
+                await sbx.close()
+                raise SandboxStartError(f"sandbox {sbx.id}: reading forwarder logs: {e}") from e
+            if READY.encode() in logs:
+                return
+            if time.monotonic() > deadline:
+                await sbx.close()
+                raise SandboxStartError(f"sandbox {sbx.id}: shim forwarder not ready: {logs[-300:]!r}")
+            await asyncio.sleep(0.01)
 
     async def reap(self) -> int:
         return await asyncio.to_thread(self._reap_sync)

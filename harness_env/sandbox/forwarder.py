@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 
+READY = "hrl-forwarder: listening"
+
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
     try:
@@ -32,13 +34,21 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
-def _handle(conn: socket.socket, unix_path: str) -> None:
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _upstream(target: str) -> socket.socket:
+    """`/path` -> the Unix socket; `host:port` -> TCP (kubernetes: the shim's service, via NetworkPolicy)."""
+    if target.startswith("/"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(target)
+        return s
+    host, _, port = target.rpartition(":")
+    return socket.create_connection((host, int(port)))
+
+
+def _handle(conn: socket.socket, target: str) -> None:
     try:
-        up.connect(unix_path)
+        up = _upstream(target)
     except OSError:
         conn.close()
-        up.close()
         return
     t = threading.Thread(target=_pump, args=(up, conn), daemon=True)
     t.start()
@@ -48,13 +58,13 @@ def _handle(conn: socket.socket, unix_path: str) -> None:
     up.close()
 
 
-def _serve(lsock: socket.socket, unix_path: str) -> None:
+def _serve(lsock: socket.socket, target: str) -> None:
     while True:
         try:
             conn, _ = lsock.accept()
         except OSError:
             return
-        threading.Thread(target=_handle, args=(conn, unix_path), daemon=True).start()
+        threading.Thread(target=_handle, args=(conn, target), daemon=True).start()
 
 
 def main(argv: list[str]) -> int:
@@ -64,7 +74,7 @@ def main(argv: list[str]) -> int:
         argv, cmd = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--socket", required=True)
+    p.add_argument("--socket", required=True, help="shim Unix socket path, or host:port for a TCP upstream")
     args = p.parse_args(argv)
     if not cmd:  # as PID 1 (docker) SIGTERM has no default action: wait for it explicitly
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
@@ -74,6 +84,7 @@ def main(argv: list[str]) -> int:
     lsock.listen(128)
     threading.Thread(target=_serve, args=(lsock, args.socket), daemon=True).start()
     if not cmd:
+        print(READY, flush=True)  # the docker backend waits for this line before the first exec
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
         return 0
     try:
