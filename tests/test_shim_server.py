@@ -321,3 +321,28 @@ def test_branch_when_history_rewritten(tok, tmp_path):
     # the exact ids of "A" are reused although the context message moved after it
     assert r1.meta["exact_turns"] == 1 and r2.meta["exact_turns"] == 2
     assert r2.parent_call_id == r1.call_id
+
+
+def test_unix_socket_count_tokens_and_close_inflight(tok, tmp_path):
+    """The sandbox path (Unix socket), Anthropic count_tokens, and close_session aborting an in-flight call."""
+    sock = str(tmp_path / "shim.sock")
+
+    async def go():
+        eng = ReplayEngine(["x " * 400, "hello"], tok, delay_s=0.01)
+        async with running_shim(eng, tok, tmp_path / "a.jsonl", unix_socket=sock) as srv:
+            s = await srv.open_session("r", "g", "h")
+            hdr = {"x-api-key": s.api_key}
+            body = {"model": "m", "max_tokens": 999, "messages": [{"role": "user", "content": "hi"}]}
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as http:
+                path = f"http://sandbox/s/{s.session_id}/v1/messages"
+                async with http.post(path + "/count_tokens", json=body, headers=hdr) as r:
+                    counted = (await r.json())["input_tokens"]
+                r = await http.post(path, json={**body, "stream": True}, headers=hdr)
+                await r.content.readany()
+                recs = await srv.close_session(s.session_id)  # the harness is still streaming
+                r.close()
+        return counted, recs
+
+    counted, recs = run(go())
+    assert [r.status for r in recs] == ["aborted"] and counted == len(recs[0].prompt_ids)
+    assert [r.status for r in calls(tmp_path / "a.jsonl")] == ["aborted"]
