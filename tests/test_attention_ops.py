@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from research.benchmarks.attention import tree_row as session_tree_row
 from research.models import attention_ops as ao
 
 
@@ -167,6 +168,22 @@ def test_blocks_are_skipped():
     # query blocks 0..3; block 3 covers [48, 64) in branch 2: sees the prefix block 0 and blocks 2 (40..47), 3
     np.testing.assert_array_equal(bl.count, [1, 2, 3, 3])
     np.testing.assert_array_equal(np.sort(np.asarray(bl.kidx[3, :3])), [0, 2, 3])
+    # fully visible (unmasked) pairs come first: the prefix block for every later query block
+    np.testing.assert_array_equal(bl.n_full, [0, 1, 1, 1])
+    np.testing.assert_array_equal(bl.kidx[1:, 0], [0, 0, 0])
+
+
+def test_session_tree_with_full_blocks_matches_reference():
+    """A harness-shaped tree (shared prefix, sessions of appended turns): most visited pairs are unmasked."""
+    seg, end, _ = session_tree_row(prefix=64, sessions=3, turns=4, turn_tokens=(5, 20), block=16, seed=0)
+    seg, end = jnp.asarray(seg), jnp.asarray(end)
+    bl = ao._block_lists(seg, end, 16, 16, causal=False)
+    assert int(bl.n_full.sum()) > int(bl.count.sum()) // 3
+    q, k, v = qkv(5, 1, seg.shape[1], 4, 2, 16)
+    g_ref, out_ref = _grads("reference", q, k, v, seg, end)
+    g_blk, out_blk = _grads("blockwise", q, k, v, seg, end, block_q=16, block_k=16)
+    chex.assert_trees_all_close(out_blk, out_ref, atol=1e-5)
+    chex.assert_trees_all_close(g_blk, g_ref, atol=1e-5)
 
 
 def test_jit_once_for_different_trees():

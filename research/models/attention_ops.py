@@ -91,8 +91,9 @@ class _Blocks(NamedTuple):
     seg_k: Array  # [NK, bk]
     idx_k: Array  # [NK, bk]
     end_k: Array  # [NK, bk] subtree_end (segment end for the causal mask)
-    kidx: Array  # [NQ, nk] global key-block ids, the visible ones first
-    count: Array  # [NQ] how many key blocks query block qi sees
+    kidx: Array  # [NQ, nk] global key-block ids: fully visible ones, then partially visible, then the rest
+    n_full: Array  # [NQ] how many key blocks query block qi sees entirely (no per-element mask needed)
+    count: Array  # [NQ] how many key blocks query block qi sees at all
 
 
 def _block_lists(seg, end, bq: int, bk: int, causal: bool, skip: bool = True) -> _Blocks:
@@ -100,7 +101,9 @@ def _block_lists(seg, end, bq: int, bk: int, causal: bool, skip: bool = True) ->
 
     A pair is visible if some key j <= some query i (ks <= qe), some key's subtree reaches the query block
     (max subtree_end >= qs), and their segment ranges overlap. The result is compacted with a stable sort
-    so the kernel's inner loop has a data-dependent trip count instead of a static nq x nk sweep.
+    so the kernel's inner loop has a data-dependent trip count instead of a static nq x nk sweep. Pairs
+    that are visible element for element (one segment, keys before queries, every subtree reaching past
+    the query block) come first and skip the per-element mask: in a prefix tree that is most of them.
     """
     B, T = seg.shape
     nq, nk = T // bq, T // bk
@@ -116,23 +119,37 @@ def _block_lists(seg, end, bq: int, bk: int, causal: bool, skip: bool = True) ->
     k_lo = idx.reshape(B, nk, bk)[..., 0]
     ks_min, ks_max = summary(seg, valid, nk, big, jnp.min), summary(seg, valid, nk, -1, jnp.max)
     k_end = summary(end, valid, nk, -1, jnp.max)
+    end_mask = jnp.full_like(end, big) if causal else end  # what the per-element mask compares against
+    k_end_min = summary(end_mask, valid, nk, big, jnp.min)
+    q_all, k_all = valid.reshape(B, nq, bq).all(-1), valid.reshape(B, nk, bk).all(-1)
+    k_hi = idx.reshape(B, nk, bk)[..., -1]
     vis = (
         (k_lo[:, None, :] <= q_hi[:, :, None])
         & (k_end[:, None, :] >= q_lo[:, :, None])
         & (ks_min[:, None, :] <= qs_max[:, :, None])
         & (ks_max[:, None, :] >= qs_min[:, :, None])
     )
+    one_seg = (qs_min == qs_max)[:, :, None] & (ks_min == ks_max)[:, None, :] & (qs_min[:, :, None] == ks_min[:, None])
+    full = (
+        vis
+        & one_seg
+        & (q_all[:, :, None] & k_all[:, None, :])
+        & (k_hi[:, None, :] <= q_lo[:, :, None])
+        & (k_end_min[:, None, :] >= q_hi[:, :, None])
+    )
     if not skip:  # baseline for benchmarks: visit every key block, rely on the per-element mask
         vis = jnp.ones_like(vis)
-    order = jnp.argsort(~vis, axis=-1, stable=True).astype(jnp.int32)
+    rank = jnp.where(full, 0, jnp.where(vis, 1, 2))
+    order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)
     kidx = (order + (jnp.arange(B, dtype=jnp.int32) * nk)[:, None, None]).reshape(B * nq, nk)
     return _Blocks(
         seg_q=seg.reshape(B * nq, bq),
         idx_q=idx.reshape(B * nq, bq),
         seg_k=seg.reshape(B * nk, bk),
         idx_k=idx.reshape(B * nk, bk),
-        end_k=(jnp.full_like(end, big) if causal else end).reshape(B * nk, bk),
+        end_k=end_mask.reshape(B * nk, bk),
         kidx=kidx,
+        n_full=full.sum(-1).reshape(B * nq).astype(jnp.int32),
         count=vis.sum(-1).reshape(B * nq).astype(jnp.int32),
     )
 
@@ -148,8 +165,14 @@ def _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups: int):
     return jnp.tile(m, (groups, 1))
 
 
-def _kv_block(bl: _Blocks, kT, vT, kj, groups):
+def _kv_block(bl: _Blocks, kT, vT, kj):
     return kT[kj], vT[kj], (bl.seg_k[kj], bl.idx_k[kj], bl.end_k[kj])
+
+
+def _two_loops(n_full, count, make_body, init):
+    """Run the unmasked body over the fully visible pairs, then the masked body over the partial ones."""
+    carry = jax.lax.fori_loop(0, n_full, make_body(False), init)
+    return jax.lax.fori_loop(n_full, count, make_body(True), carry)
 
 
 def _flash_fwd_impl(qT, kT, vT, bl: _Blocks, groups: int):
@@ -157,27 +180,33 @@ def _flash_fwd_impl(qT, kT, vT, bl: _Blocks, groups: int):
     K, GQ, D = qT.shape[1:]
 
     def per_query_block(xs):
-        q_blk, seg_q, idx_q, kidx, count = xs
+        q_blk, seg_q, idx_q, kidx, n_full, count = xs
 
-        def body(t, carry):
-            m, l, acc = carry
-            k_blk, v_blk, (seg_k, idx_k, end_k) = _kv_block(bl, kT, vT, kidx[t], groups)
-            mask = _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups)[None]
-            s = jnp.einsum("kqd,kcd->kqc", q_blk, k_blk, preferred_element_type=jnp.float32)
-            s = jnp.where(mask, s, _NEG)
-            m_new = jnp.maximum(m, s.max(-1))
-            p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-            alpha = jnp.exp(m - m_new)
-            pv = jnp.einsum("kqc,kcd->kqd", p.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
-            return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv
+        def make_body(masked: bool):
+            def body(t, carry):
+                m, l, acc = carry
+                k_blk, v_blk, (seg_k, idx_k, end_k) = _kv_block(bl, kT, vT, kidx[t])
+                s = jnp.einsum("kqd,kcd->kqc", q_blk, k_blk, preferred_element_type=jnp.float32)
+                if masked:
+                    mask = _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups)[None]
+                    s = jnp.where(mask, s, _NEG)
+                m_new = jnp.maximum(m, s.max(-1))
+                p = jnp.exp(s - m_new[..., None])
+                if masked:
+                    p = jnp.where(mask, p, 0.0)
+                alpha = jnp.exp(m - m_new)
+                pv = jnp.einsum("kqc,kcd->kqd", p.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
+                return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + pv
+
+            return body
 
         init = (jnp.full((K, GQ), _NEG, jnp.float32), jnp.zeros((K, GQ), jnp.float32), jnp.zeros((K, GQ, D)))
-        m, l, acc = jax.lax.fori_loop(0, count, body, init)
+        m, l, acc = _two_loops(n_full, count, make_body, init)
         out = acc / jnp.where(l > 0, l, 1.0)[..., None]
         lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0)
         return out.astype(qT.dtype), lse
 
-    return jax.lax.map(per_query_block, (qT, bl.seg_q, bl.idx_q, bl.kidx, bl.count))
+    return jax.lax.map(per_query_block, (qT, bl.seg_q, bl.idx_q, bl.kidx, bl.n_full, bl.count))
 
 
 def _flash_bwd_impl(qT, kT, vT, bl: _Blocks, outT, lse, doT, groups: int):
@@ -185,32 +214,33 @@ def _flash_bwd_impl(qT, kT, vT, bl: _Blocks, outT, lse, doT, groups: int):
     delta = jnp.einsum("nkqd,nkqd->nkq", doT.astype(jnp.float32), outT.astype(jnp.float32))
 
     def per_query_block(carry, xs):
-        q_blk, do_blk, lse_blk, delta_blk, seg_q, idx_q, kidx, count = xs
+        q_blk, do_blk, lse_blk, delta_blk, seg_q, idx_q, kidx, n_full, count = xs
 
-        def body(t, inner):
-            dq, dk_all, dv_all = inner
-            kj = kidx[t]
-            k_blk, v_blk, (seg_k, idx_k, end_k) = _kv_block(bl, kT, vT, kj, groups)
-            mask = _pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups)[None]
-            s = jnp.einsum("kqd,kcd->kqc", q_blk, k_blk, preferred_element_type=jnp.float32)
-            p = jnp.where(mask, jnp.exp(s - lse_blk[..., None]), 0.0)
-            dp = jnp.einsum("kqd,kcd->kqc", do_blk, v_blk, preferred_element_type=jnp.float32)
-            ds = p * (dp - delta_blk[..., None])
-            dv_all = dv_all.at[kj].add(
-                jnp.einsum("kqc,kqd->kcd", p.astype(do_blk.dtype), do_blk, preferred_element_type=jnp.float32)
-            )
-            dk_all = dk_all.at[kj].add(
-                jnp.einsum("kqc,kqd->kcd", ds.astype(q_blk.dtype), q_blk, preferred_element_type=jnp.float32)
-            )
-            dq = dq + jnp.einsum("kqc,kcd->kqd", ds.astype(k_blk.dtype), k_blk, preferred_element_type=jnp.float32)
-            return dq, dk_all, dv_all
+        def make_body(masked: bool):
+            def body(t, inner):
+                dq, dk_all, dv_all = inner
+                kj = kidx[t]
+                k_blk, v_blk, (seg_k, idx_k, end_k) = _kv_block(bl, kT, vT, kj)
+                s = jnp.einsum("kqd,kcd->kqc", q_blk, k_blk, preferred_element_type=jnp.float32)
+                p = jnp.exp(s - lse_blk[..., None])
+                if masked:
+                    p = jnp.where(_pair_mask(seg_q, idx_q, seg_k, idx_k, end_k, groups)[None], p, 0.0)
+                dp = jnp.einsum("kqd,kcd->kqc", do_blk, v_blk, preferred_element_type=jnp.float32)
+                ds = p * (dp - delta_blk[..., None])
+                f32 = jnp.float32
+                dv_blk = jnp.einsum("kqc,kqd->kcd", p.astype(do_blk.dtype), do_blk, preferred_element_type=f32)
+                dk_blk = jnp.einsum("kqc,kqd->kcd", ds.astype(q_blk.dtype), q_blk, preferred_element_type=f32)
+                dq = dq + jnp.einsum("kqc,kcd->kqd", ds.astype(k_blk.dtype), k_blk, preferred_element_type=f32)
+                return dq, dk_all.at[kj].add(dk_blk), dv_all.at[kj].add(dv_blk)
+
+            return body
 
         dq0 = jnp.zeros(q_blk.shape, jnp.float32)
-        dq, dk_all, dv_all = jax.lax.fori_loop(0, count, body, (dq0, *carry))
+        dq, dk_all, dv_all = _two_loops(n_full, count, make_body, (dq0, *carry))
         return (dk_all, dv_all), dq
 
     zeros_kv = jnp.zeros(kT.shape, jnp.float32)
-    xs = (qT, doT, lse, delta, bl.seg_q, bl.idx_q, bl.kidx, bl.count)
+    xs = (qT, doT, lse, delta, bl.seg_q, bl.idx_q, bl.kidx, bl.n_full, bl.count)
     (dk, dv), dq = jax.lax.scan(per_query_block, (zeros_kv, zeros_kv), xs)
     return dq.astype(qT.dtype), dk.astype(kT.dtype), dv.astype(vT.dtype)
 
