@@ -346,3 +346,28 @@ def test_unix_socket_count_tokens_and_close_inflight(tok, tmp_path):
     counted, recs = run(go())
     assert [r.status for r in recs] == ["aborted"] and counted == len(recs[0].prompt_ids)
     assert [r.status for r in calls(tmp_path / "a.jsonl")] == ["aborted"]
+
+
+def test_capture_before_final_event_and_malformed_tool_json(tok, tmp_path):
+    """The record is on disk when the final stream event arrives; bad tool JSON from the model is text, not a 500."""
+    bad = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+
+    async def go():
+        eng = ReplayEngine([bad, bad], tok)
+        async with running_shim(eng, tok, tmp_path / "a.jsonl") as srv:
+            s = await srv.open_session("r", "g", "h")
+            c = openai.AsyncOpenAI(base_url=s.base_url + "/v1", api_key=s.api_key, max_retries=0)
+            msgs = [{"role": "user", "content": "go"}]
+            on_disk_at_finish, content = None, ""
+            async for ch in await c.chat.completions.create(model="m", messages=msgs, tools=OA_TOOLS, stream=True):
+                content += ch.choices[0].delta.content or ""
+                if ch.choices[0].finish_reason:
+                    on_disk_at_finish = len(calls(tmp_path / "a.jsonl"))
+            a = anthropic.AsyncAnthropic(base_url=s.base_url, api_key=s.api_key, max_retries=0)
+            m = await a.messages.create(model="m", max_tokens=99, messages=msgs, tools=AN_TOOLS)
+        return on_disk_at_finish, content, m
+
+    on_disk, content, m = run(go())
+    assert on_disk == 1
+    assert content == 'Trying.<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
+    assert [b.type for b in m.content] == ["text"] and m.stop_reason == "end_turn"

@@ -17,7 +17,7 @@ from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest
 
 SIGNATURE = "harness-rl-shim"  # thinking blocks must carry a signature; Claude Code sends it back verbatim
-STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "abort": "end_turn"}
+STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "abort": "max_tokens"}
 
 
 def _user_blocks(content: list, where: str) -> list[Message]:

@@ -94,6 +94,11 @@ def _tool_call_json(c: ParsedToolCall, cid: str, index: int | None = None) -> di
     return d if index is None else {"index": index, **d}
 
 
+def _finish(call: Call) -> str:
+    """An engine-side abort (e.g. weight update in "abort" mode) looks like a truncation to the harness."""
+    return "length" if call.finish_reason == "abort" else call.finish_reason
+
+
 def _usage(call: Call) -> dict:
     p, c = len(call.prompt.ids), len(call.completion_ids)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -111,7 +116,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
         if out.tool_calls:
             msg["tool_calls"] = [_tool_call_json(c, f"call_{uuid.uuid4().hex[:24]}") for c in out.tool_calls]
         body = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": msg, "finish_reason": call.finish_reason, "logprobs": None}],
+                "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call), "logprobs": None}],
                 "usage": _usage(call)}
         return web.json_response(body, dumps=json_dumps)
 
@@ -130,7 +135,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
             await sse.send(chunk({"tool_calls": [_tool_call_json(ev, f"call_{uuid.uuid4().hex[:24]}", n_calls)]}))
             n_calls += 1
     await call.finish()
-    await sse.send(chunk({}, call.finish_reason))
+    await sse.send(chunk({}, _finish(call)))
     if call.req.meta.get("include_usage"):
         await sse.send({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [], "usage": _usage(call)})

@@ -235,7 +235,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
             items.add(ev)
         items.finish()
         await call.finish()
-        status = "incomplete" if call.finish_reason == "length" else "completed"
+        status = "incomplete" if call.finish_reason in ("length", "abort") else "completed"
         return web.json_response(_response(call, rid, created, status, items.items), dumps=json_dumps)
     sse = call.sse = await SSE.open(request)
     seq = 0
@@ -254,7 +254,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
     for e in items.finish():
         await send(e)
     await call.finish()
-    status = "incomplete" if call.finish_reason == "length" else "completed"
+    status = "incomplete" if call.finish_reason in ("length", "abort") else "completed"
     await send({"type": "response.completed", "response": _response(call, rid, created, status, items.items)})
     await sse.close()
     return sse.resp
