@@ -80,19 +80,27 @@ def as_text(data: str | bytes | None) -> str:
     return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
 
 
+_DECODER = json.JSONDecoder()
+
+
 def json_lines(text: str) -> list[dict]:
-    """Every line of `text` that is a JSON object (CLIs mix JSON events with stray log lines)."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
+    """Every JSON object in `text` that starts a line: JSON-lines events and pretty-printed envelopes
+    alike (CLIs mix them with stray log lines, which are skipped)."""
+    out, pos = [], 0
+    while pos < len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        start = pos + (len(text[pos:end]) - len(text[pos:end].lstrip()))
+        if text.startswith("{", start):
+            try:
+                obj, stop = _DECODER.raw_decode(text, start)
+            except json.JSONDecodeError:
+                pass
+            else:
+                if isinstance(obj, dict):
+                    out.append(obj)
+                end = max(end, text.find("\n", stop) if text.find("\n", stop) >= 0 else len(text))
+        pos = end + 1
     return out
 
 
@@ -200,7 +208,7 @@ def register(cls: type[Harness]) -> type[Harness]:
     return cls
 
 
-BUILTIN = ("reference",)
+BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw")
 
 
 def _load_builtin() -> None:

@@ -6,7 +6,7 @@ lives in its own `<root>/<name>@<version>` prefix, built in a temp dir and renam
 crashed install never leaves a half-populated prefix that later runs would trust. A file lock makes
 concurrent installers (parallel tests, several rollouts) wait for one another instead of racing.
 
-    python -m harness_env.harnesses.install claude_code codex    # or: --all
+    python -m harness_env.harnesses claude_code codex    # no names: all npm harnesses
 """
 
 from __future__ import annotations
@@ -127,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="harness names (default: all npm harnesses)")
-    ap.add_argument("--all", action="store_true")
     args = ap.parse_args(argv)
     names = args.names or [n for n in harness_names() if get_harness(n).npm_packages()]
     failed = 0

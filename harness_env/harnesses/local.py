@@ -33,23 +33,27 @@ async def exec_local(argv: list[str], env: dict[str, str], cwd: str, timeout_s: 
         *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )
+    bufs: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
+
+    async def pump(stream: asyncio.StreamReader, buf: bytearray) -> None:
+        while chunk := await stream.read(65536):
+            buf.extend(chunk)
+
+    # Read into buffers (not communicate()) so a timed-out run keeps the output it produced.
+    pumps = asyncio.gather(pump(proc.stdout, bufs["out"]), pump(proc.stderr, bufs["err"]), proc.wait())
     timed_out = False
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        await asyncio.wait_for(asyncio.shield(pumps), timeout_s)
     except TimeoutError:
         timed_out = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = await proc.communicate()
     finally:
-        try:  # children the harness left behind (MCP servers, shells) die with it
+        try:  # the whole group: children the harness left behind (MCP servers, shells) die with it
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return LocalExecResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"), timed_out,
-                           time.monotonic() - t0)
+        await pumps
+    return LocalExecResult(proc.returncode, bufs["out"].decode(errors="replace"), bufs["err"].decode(errors="replace"),
+                           timed_out, time.monotonic() - t0)
 
 
 async def run_local(harness: Harness, prompt: str, *, base_url: str, api_key: str, root: pathlib.Path,

@@ -73,6 +73,17 @@ class MockEndpoint:
         self.requests.append({"api": api, "path": request.path_qs, "headers": dict(request.headers), "body": body})
         return body
 
+    def _error(self, api: str, body: dict) -> web.Response | None:
+        """A step {"http_error": 400, "message": "..."} answers with an error in the provider's shape."""
+        step = self.step_for(api, body)
+        if "http_error" not in step:
+            return None
+        msg = str(step.get("message", "mock error"))
+        err = ({"type": "error", "error": {"type": "invalid_request_error", "message": msg}}
+               if api == "anthropic_messages" else
+               {"error": {"message": msg, "type": "invalid_request_error", "code": step.get("code")}})
+        return web.json_response(err, status=int(step["http_error"]))
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "me"}]})
 
@@ -94,6 +105,8 @@ class MockEndpoint:
     # ---- Anthropic Messages ---------------------------------------------------------------------
     async def _anthropic(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request, "anthropic_messages")
+        if (err := self._error("anthropic_messages", body)) is not None:
+            return err
         step, n = self.step_for("anthropic_messages", body), next(_ids)
         model = body.get("model", "policy")
         if "tool" in step:
@@ -123,6 +136,8 @@ class MockEndpoint:
     # ---- OpenAI Responses -------------------------------------------------------------------------
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request, "openai_responses")
+        if (err := self._error("openai_responses", body)) is not None:
+            return err
         step, n = self.step_for("openai_responses", body), next(_ids)
         if "tool" in step:
             args = json.dumps(step["arguments"])
@@ -166,6 +181,8 @@ class MockEndpoint:
     # ---- OpenAI Chat Completions ---------------------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request, "openai_chat")
+        if (err := self._error("openai_chat", body)) is not None:
+            return err
         step, n = self.step_for("openai_chat", body), next(_ids)
         model = body.get("model", "policy")
         if "tool" in step:
