@@ -205,6 +205,10 @@ def test_sessions_enforced_401_shapes_and_open_mode(tok, tmp_path):
             out["head"] = r.status
             r = await http.get(f"{srv.url}/s/x/v1/models")
             out["models"] = (await r.json())["data"][0]["id"]
+            r = await http.get(f"{srv.url}/s/x/v1/models/claude-x")
+            out["model"] = (await r.json())["id"]
+            r = await http.head(f"{srv.url}/s/x")
+            out["head"] = (out["head"], r.status)
         async with running_shim(eng, tok, tmp_path / "b.jsonl", enforce_sessions=False) as srv:
             c = anthropic.AsyncAnthropic(base_url=srv.url, api_key="anything", max_retries=0)
             for sid in ("s1", "s1", "s2"):
@@ -221,7 +225,7 @@ def test_sessions_enforced_401_shapes_and_open_mode(tok, tmp_path):
     assert out["unknown"][0] == 401 and out["unknown"][1]["error"]["code"] == "invalid_api_key"
     assert "unknown" in out["unknown"][1]["error"]["message"]
     assert out["ok"] == 200 and out["closed"][0] == 401 and "closed" in out["closed"][1]["error"]["message"]
-    assert out["head"] == 200 and out["models"] == "policy"
+    assert out["head"] == (200, 200) and out["models"] == "policy" and out["model"] == "claude-x"
     assert out["open"] == [("open-default", 1), ("open-s1", 2), ("open-s2", 1)]
 
 

@@ -91,6 +91,7 @@ class ShimServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_get("/s/{sid}", self._root)
         for prefix in ("", "/s/{sid}"):
             app.router.add_get(prefix + "/", self._root)  # GET and HEAD (harness liveness probes)
             for v in ("/v1", ""):
@@ -98,6 +99,7 @@ class ShimServer:
                     app.router.add_post(f"{prefix}{v}/{path}", self._handler(api))
                 app.router.add_post(f"{prefix}{v}/messages/count_tokens", self._count_tokens)
                 app.router.add_get(f"{prefix}{v}/models", self._models)
+                app.router.add_get(f"{prefix}{v}/models/{{model}}", self._model)
         return app
 
     async def start(self) -> None:
@@ -179,12 +181,18 @@ class ShimServer:
     async def _root(self, request: web.Request) -> web.Response:
         return web.Response(text="harness-rl shim\n")
 
+    def _model_item(self, name: str) -> dict:
+        """One model object readable as both an OpenAI and an Anthropic model."""
+        return {"id": name, "object": "model", "created": 0, "owned_by": "harness-rl", "type": "model",
+                "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
     async def _models(self, request: web.Request) -> web.Response:
         m = self.options.model_name
-        item = {"id": m, "object": "model", "created": 0, "owned_by": "harness-rl", "type": "model",
-                "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
-        return web.json_response({"object": "list", "data": [item], "has_more": False, "first_id": m,
+        return web.json_response({"object": "list", "data": [self._model_item(m)], "has_more": False, "first_id": m,
                                   "last_id": m}, dumps=json_dumps)
+
+    async def _model(self, request: web.Request) -> web.Response:
+        return web.json_response(self._model_item(request.match_info["model"]), dumps=json_dumps)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         s = self._resolve(request)
