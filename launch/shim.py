@@ -35,6 +35,7 @@ _THINK = flags.DEFINE_bool("enable_thinking", True, "Qwen3 thinking mode unless 
 _REPLAY = flags.DEFINE_string("replay_file", None, "JSON list of completions (strings or id lists), cycled")
 _SGLANG = flags.DEFINE_string("sglang_url", None, "base URL of a running SGLang server")
 _MAX_CTX = flags.DEFINE_integer("max_context", None, "context length of the remote engine")
+_SAMPLING = flags.DEFINE_string("sampling", None, 'JSON forced on every call, e.g. {"temperature": 1.0, "top_p": 1.0}')
 
 
 def _replay(tok) -> Engine:  # noqa: ANN001
@@ -70,8 +71,9 @@ ENGINES = {"replay": _replay, "sglang": _sglang, "jax": _jax}
 
 async def _serve(tok, engine: Engine) -> None:  # noqa: ANN001
     capture = CaptureLog(_CAPTURE.value)
+    opts = ShimOptions(enable_thinking=_THINK.value, sampling_override=json.loads(_SAMPLING.value or "{}"))
     server = ShimServer(engine, tok, capture, enforce_sessions=_ENFORCE.value, host=_HOST.value, port=_PORT.value,
-                        unix_socket=_UNIX.value, options=ShimOptions(enable_thinking=_THINK.value))
+                        unix_socket=_UNIX.value, options=opts)
     await server.start()
     logging.info("shim (%s engine) on %s%s, capture -> %s", _ENGINE.value, server.url,
                  f" and unix:{_UNIX.value}" if _UNIX.value else "", _CAPTURE.value)

@@ -24,6 +24,12 @@ def tok(qwen3_tokenizer_dir):
     return load_tokenizer(qwen3_tokenizer_dir)
 
 
+@pytest.fixture(scope="module")
+def hf(qwen3_tokenizer_dir):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+
+
 def test_special_ids_and_roundtrip(tok):
     assert tok.stop_token_ids == (151645, 151643)
     assert tok.eos_token_id == 151645 and tok.vocab_size == 151669
@@ -35,9 +41,7 @@ def test_special_ids_and_roundtrip(tok):
 
 @pytest.mark.parametrize("k", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("thinking", [True, False])
-def test_chat_template_matches_transformers(tok, qwen3_tokenizer_dir, k, thinking):
-    transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+def test_chat_template_matches_transformers(tok, hf, k, thinking):
     msgs, tools = CONVERSATIONS[k]
     ours = tok.apply_chat_template(msgs, tools, add_generation_prompt=True, enable_thinking=thinking)
     theirs = hf.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, enable_thinking=thinking,
