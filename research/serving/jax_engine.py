@@ -93,7 +93,7 @@ class JaxEngine(Engine):
             raise ValueError(f"on_update must be 'drain' or 'abort', got {config.on_update!r}")
         self.runner, self.cfg = runner, config
         self._params, self._version = params, weight_version
-        self._fns = StepFunctions(runner)
+        self._fns = StepFunctions.of(runner)
         self._cache = runner.init_cache(config.num_slots, config.max_len + config.prefill_chunk)
         self._slots = SlotTable(config.num_slots, min_reuse=config.min_reuse)
         self._active: dict[int, _Req] = {}  # slot -> request
@@ -149,9 +149,14 @@ class JaxEngine(Engine):
         self._paused = False
         await self._call(lambda: self._set_admitting(True))
 
-    async def update_weights(self, params, version: int) -> None:  # noqa: ANN001
-        """Swaps params (same shapes/dtypes/shardings: no recompile) and tags results with `version`."""
-        if self.cfg.on_update == "drain":
+    async def update_weights(self, params, version: int, *, on_update: str | None = None) -> None:  # noqa: ANN001
+        """Swaps params (same shapes/dtypes/shardings: no recompile) and tags results with `version`.
+
+        `on_update` overrides the engine's policy for this update ("drain" | "abort")."""
+        mode = on_update or self.cfg.on_update
+        if mode not in ("drain", "abort"):
+            raise ValueError(f"on_update must be 'drain' or 'abort', got {mode!r}")
+        if mode == "drain":
             await self._call(lambda: self._set_admitting(False))
             await self._until_idle()
         await self._call(lambda: self._swap(params, version))

@@ -60,7 +60,16 @@ def _no_experts(n: int, shape: tuple[int, int] | None):
 
 
 class StepFunctions:
-    """The three jitted functions of the engine loop, compiled once per (slots, cache_len, chunk)."""
+    """The three jitted functions of the engine loop, compiled once per (slots, cache_len, chunk).
+
+    Use `StepFunctions.of(runner)`: engines built on the same runner share compilations."""
+
+    @classmethod
+    def of(cls, runner: ModelRunner) -> StepFunctions:
+        fns = runner.__dict__.get("_step_functions")
+        if fns is None:
+            fns = runner.__dict__["_step_functions"] = cls(runner)
+        return fns
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner

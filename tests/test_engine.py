@@ -1,0 +1,264 @@
+"""JAX engine acceptance: engine tokens/logprobs/experts == the model's full forward + the trainer's logprobs.
+
+Tiny fp32 Qwen3-MoE; chunk 16 so prompts cross chunk boundaries; 4 slots so 6 requests queue.
+"""
+
+import asyncio
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.models import Qwen3, head_weight, init_params, tiny_dense, tiny_moe
+from research.models.logprobs import token_logprobs
+from research.serving.api import ContextLengthExceeded, EngineUnavailable, GenerateRequest, SamplingParams
+from research.serving.jax_engine import EngineConfig, JaxEngine
+from research.serving.qwen3_runner import Qwen3Runner
+
+CFG = tiny_moe()
+ECFG = EngineConfig(num_slots=4, max_len=96, prefill_chunk=16)
+
+
+REF_LEN = 128  # every reference forward is padded to this length: one compilation per model config
+
+
+_trainer_logprobs = jax.jit(token_logprobs, static_argnames=("chunk_size", "return_entropy", "compute_dtype",
+                                                              "temperature"))
+
+
+def reference(params, cfg, prompt, completion, temperature=1.0):
+    """(greedy next tokens, trainer logprobs of `completion`, routed experts) from ONE full forward.
+
+    The trainer's function (`token_logprobs` with the sampling temperature) on the full forward's hidden
+    states. Sequences are padded to REF_LEN: padding after a causal sequence cannot change its outputs."""
+    seq = prompt + completion
+    P, n = len(prompt), len(seq)
+    padded = jnp.asarray([seq + [0] * (REF_LEN - n)], jnp.int32)
+    hidden, aux = _FORWARDS.setdefault(cfg, jax.jit(
+        lambda p, s: Qwen3(cfg).apply({"params": p}, s, jnp.arange(REF_LEN)[None], jnp.ones_like(s),
+                                      jnp.full_like(s, REF_LEN - 1), return_routing=True)))(params, padded)
+    head = head_weight(params, cfg)
+    T = temperature if temperature > 0 else 1.0
+    lp, _ = _trainer_logprobs(hidden[:, :-1], head, padded[:, 1:], temperature=T)
+    greedy = jnp.argmax(hidden[0] @ head, -1)
+    greedy, lp, experts = jax.device_get((greedy, lp[0], aux["routed_experts"][0]))
+    return greedy[P - 1 : n - 1], lp[P - 1 : n - 1], experts[P - 1 : n - 1]
+
+
+_FORWARDS: dict = {}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.jit(lambda k: init_params(CFG, k))(jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return Qwen3Runner(CFG)
+
+
+def make_engine(runner, params, **kw):
+    return JaxEngine(runner, params, config=EngineConfig(**{**ECFG.__dict__, **kw}))
+
+
+def prompt_of(n, seed):
+    return np.random.default_rng(seed).integers(0, CFG.vocab_size, n).tolist()
+
+
+def greedy_req(prompt, n=10, **kw):
+    return GenerateRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=n), return_routed_experts=True, **kw)
+
+
+def check_against_reference(params, req, res, cfg=CFG):
+    greedy, lp, experts = reference(params, cfg, req.prompt_ids, res.token_ids, req.sampling.temperature)
+    np.testing.assert_allclose(res.logprobs, lp, atol=1e-5, rtol=0)
+    if req.sampling.temperature <= 0:
+        np.testing.assert_array_equal(res.token_ids, greedy)
+    if res.routed_experts is not None:
+        np.testing.assert_array_equal(res.routed_experts, experts)
+
+
+def test_greedy_logprobs_experts_match_full_forward_alone(runner, params):
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            req = greedy_req(prompt_of(21, 1), n=12)
+            chunks, res = [], None
+            async for item in eng.stream(req):
+                chunks.append(item)
+            res = chunks.pop()
+            assert [t for c in chunks for t in c.token_ids] == res.token_ids
+            return req, res
+        finally:
+            await eng.close()
+
+    req, res = run(go())
+    assert res.finish_reason == "length" and len(res.token_ids) == 12 and res.weight_version == 0
+    assert res.routed_experts.shape == (12, CFG.num_layers, CFG.num_experts_per_tok)
+    assert res.prompt_tokens == 21
+    check_against_reference(params, req, res)
+
+
+def test_batched_requests_match_full_forward_and_solo_runs(runner, params):
+    """6 concurrent requests on 4 slots (queueing, joins/leaves mid-batch), greedy and sampled."""
+    reqs = [greedy_req(prompt_of(n, 10 + i), n=8 + i) for i, n in enumerate((3, 17, 33, 40))]
+    reqs += [GenerateRequest(prompt_of(n, 20 + i), SamplingParams(temperature=t, top_p=p, top_k=k, seed=100 + i,
+                                                                   max_new_tokens=9))
+             for i, (n, t, p, k) in enumerate(((5, 0.7, 0.9, -1), (26, 1.3, 1.0, 7)))]
+
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            batched = await asyncio.gather(*(eng.generate(r) for r in reqs))
+            solo = [await eng.generate(r) for r in (reqs[1], reqs[4])]
+            return batched, solo, eng
+        finally:
+            await eng.close()
+
+    batched, solo, eng = run(go())
+    for req, res in zip(reqs, batched):
+        check_against_reference(params, req, res)
+    assert solo[0].token_ids == batched[1].token_ids and solo[0].logprobs == pytest.approx(batched[1].logprobs,
+                                                                                             abs=1e-5)
+    assert solo[1].token_ids == batched[4].token_ids  # same seed -> same sample, whatever the batch
+    # Compiled once per shape, whatever joined or left.
+    assert eng._fns.decode._cache_size() == 1 and eng._fns.prefill._cache_size() == 1
+
+
+def test_stop_token_is_included_and_ends_generation(runner, params):
+    prompt = prompt_of(9, 3)
+    greedy, _, _ = reference(params, CFG, prompt, [0] * 0 + [], 0.0)
+
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            free = await eng.generate(greedy_req(prompt, n=6))
+            stop_tok = free.token_ids[3]
+            req = GenerateRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(stop_tok,)))
+            return free, await eng.generate(req), stop_tok
+        finally:
+            await eng.close()
+
+    free, res, stop_tok = run(go())
+    first = free.token_ids.index(stop_tok)
+    assert res.finish_reason == "stop" and res.token_ids == free.token_ids[: first + 1]
+    assert res.token_ids[-1] == stop_tok and len(res.logprobs) == len(res.token_ids)
+
+
+def test_prefix_reuse_across_turns_and_between_slots(runner, params):
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            p1 = prompt_of(30, 5)
+            r1 = await eng.generate(greedy_req(p1, n=6, session_id="a"))
+            turn2 = greedy_req(p1 + r1.token_ids + prompt_of(7, 6), n=6, session_id="a")
+            before = eng.stats["reused_tokens"]
+            r2 = await eng.generate(turn2)
+            reused_turn2 = eng.stats["reused_tokens"] - before
+            # Two prompts sharing a 40-token prefix in flight together: the second copies the first's row.
+            shared = prompt_of(40, 7)
+            a = greedy_req(shared + [1, 2], n=20)
+            b = greedy_req(shared + [3], n=5)
+            stream_a = eng.stream(a)
+            await stream_a.__anext__()  # a is decoding in its slot
+            rb = await eng.generate(b)
+            ra = [x async for x in stream_a][-1]
+            return turn2, r2, reused_turn2, (a, ra), (b, rb), eng.stats
+        finally:
+            await eng.close()
+
+    turn2, r2, reused, (a, ra), (b, rb), stats = run(go())
+    assert reused == 30 + 6 - 1  # prompt + completion minus the never-fed last token
+    assert stats["slot_copies"] >= 1
+    for req, res in ((turn2, r2), (a, ra), (b, rb)):
+        check_against_reference(params, req, res)
+
+
+def test_weight_update_drain_abort_and_versions(runner, params):
+    new_params = init_params(CFG, jax.random.PRNGKey(1))
+    prompt = prompt_of(12, 8)
+
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            old = await eng.generate(greedy_req(prompt, n=8))
+            # drain: the in-flight request finishes on version 0, queued work then runs on version 1
+            inflight = asyncio.ensure_future(eng.generate(greedy_req(prompt, n=30)))
+            await asyncio.sleep(0.05)
+            await eng.update_weights(new_params, 1)
+            r_old = await inflight
+            new = await eng.generate(greedy_req(prompt, n=8))
+            # abort: an in-flight decode ends at once with what it has, tagged with its version
+            stream = eng.stream(greedy_req(prompt, n=60))
+            await stream.__anext__()
+            await eng.update_weights(params, 2, on_update="abort")
+            r_abort = [x async for x in stream][-1]
+            back = await eng.generate(greedy_req(prompt, n=8))
+            return old, r_old, new, r_abort, back, eng.weight_version
+        finally:
+            await eng.close()
+
+    old, r_old, new, r_abort, back, version = run(go())
+    assert (old.weight_version, r_old.weight_version, new.weight_version, back.weight_version) == (0, 0, 1, 2)
+    assert r_old.finish_reason == "length" and len(r_old.token_ids) == 30
+    assert new.token_ids != old.token_ids
+    assert back.token_ids == old.token_ids  # version 2 has the version-0 weights again
+    assert r_abort.finish_reason == "abort" and r_abort.weight_version == 1 and 1 <= len(r_abort.token_ids) < 60
+    assert version == 2
+    check_against_reference(new_params, greedy_req(prompt, n=8), new)
+    check_against_reference(params, greedy_req(prompt, n=30), r_old)
+
+
+def test_pause_resume_cancel_and_context_errors(runner, params):
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            await eng.pause()
+            with pytest.raises(EngineUnavailable):
+                await eng.generate(greedy_req([1, 2, 3]))
+            await eng.resume()
+            assert (await eng.generate(greedy_req([1, 2, 3], n=2))).finish_reason == "length"
+            # a consumer that goes away frees its slot
+            stream = eng.stream(greedy_req(prompt_of(5, 9), n=80))
+            await stream.__anext__()
+            await stream.aclose()
+            for _ in range(100):
+                if not eng._active:
+                    break
+                await asyncio.sleep(0.01)
+            assert not eng._active
+            with pytest.raises(ContextLengthExceeded):
+                await eng.generate(greedy_req(prompt_of(96, 1)))
+            with pytest.raises(ValueError):
+                await eng.generate(greedy_req([CFG.vocab_size]))
+            clamped = await eng.generate(greedy_req(prompt_of(90, 2), n=50))
+            return clamped
+        finally:
+            await eng.close()
+
+    clamped = run(go())
+    assert clamped.finish_reason == "length" and len(clamped.token_ids) == 96 - 90
+
+
+def test_dense_tied_model_matches_full_forward():
+    cfg = tiny_dense()
+    params = init_params(cfg, jax.random.PRNGKey(2))
+    req = GenerateRequest(prompt_of(19, 4), SamplingParams(temperature=0.9, seed=1, max_new_tokens=10),
+                          return_routed_experts=True)
+
+    async def go():
+        eng = JaxEngine(Qwen3Runner(cfg), params, config=ECFG)
+        try:
+            return await eng.generate(req)
+        finally:
+            await eng.close()
+
+    res = run(go())
+    assert res.routed_experts is None
+    check_against_reference(params, req, res, cfg)
