@@ -167,3 +167,15 @@ def test_the_harness_cannot_see_the_checker(shim, tmp_path):
     cfg = RunnerConfig(out_dir=tmp_path / "run", timeout_s=60, progress=False)
     (r,) = _run(server, log, cfg, plan([task], ["test_peek"], 1))
     assert r.status == "ok" and r.reward == 1.0, r
+
+
+@pytest.mark.docker
+def test_reference_harness_in_docker_end_to_end(shim, tmp_path):
+    if not get_backend("docker").available()[0]:
+        pytest.skip("no docker daemon")
+    server, log = shim
+    tasks = family.generate(tmp_path / "tasks", "heldout", n=2, seed=1)
+    cfg = RunnerConfig(out_dir=tmp_path / "run", backend="docker", concurrency=2, timeout_s=60, progress=False)
+    results = _run(server, log, cfg, plan(tasks, ["reference"], 1))
+    assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * 2, [r.message for r in results]
+    assert sum(isinstance(r, CallRecord) for r in read_log(tmp_path / "capture.jsonl")) == 4

@@ -220,3 +220,49 @@ def test_kill_9_of_the_owner_leaves_no_orphans_after_the_next_start(backend, tmp
         assert not any(pathlib.Path("/sys/fs/cgroup").glob(f"*/harness-rl.sandbox/{sid}"))
     else:
         assert not backend.client.containers.list(all=True, filters={"name": f"hrl-{sid}"})
+
+
+def test_forwarder_tcp_upstream_mode_and_exit_status(tmp_path):
+    """The kubernetes mode (TCP upstream); also: the port is up before the command starts, and the
+    command's exit status is the forwarder's."""
+    from harness_env.sandbox.base import FORWARDER_HOST
+
+    up = socket.create_server(("127.0.0.1", 0))
+    port = up.getsockname()[1]
+
+    def serve():
+        conn, _ = up.accept()
+        conn.sendall(b"hello:" + conn.recv(10))
+        conn.close()
+
+    import threading
+
+    threading.Thread(target=serve, daemon=True).start()
+    inner = socket.socket()
+    inner.bind(("127.0.0.1", 0))
+    inner_port = inner.getsockname()[1]
+    inner.close()
+    client = (f"import socket, sys; s = socket.create_connection(('127.0.0.1', {inner_port})); s.sendall(b'x'); "
+              "print(s.recv(20).decode()); sys.exit(7)")
+    out = subprocess.run([sys.executable, "-I", "-S", str(FORWARDER_HOST), "--port", str(inner_port),
+                          "--socket", f"127.0.0.1:{port}", "--", sys.executable, "-c", client],
+                         capture_output=True, text=True, timeout=30)
+    up.close()
+    assert out.returncode == 7 and out.stdout.strip() == "hello:x", out
+
+
+def test_docker_container_config_without_a_daemon(tmp_path):
+    from harness_env.sandbox import Mount
+    from harness_env.sandbox.docker_sandbox import DockerBackend
+
+    spec = SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "home", shim_socket=tmp_path / "s.sock",
+                       limits=Limits(cpus=1.5, memory_mb=700, pids=99), mounts=[Mount("/opt/x", "/opt/x")],
+                       labels={"harness-rl.rollout": "r"})
+    kw = DockerBackend(client=object(), reap=False, build_if_missing=False).run_kwargs("sid", spec)
+    assert kw["network_mode"] == "none" and kw["user"] == "1000:1000" and kw["cap_drop"] == ["ALL"]
+    assert (kw["mem_limit"], kw["memswap_limit"], kw["pids_limit"], kw["nano_cpus"]) == ("700m", "700m", 99, 1.5e9)
+    assert kw["labels"]["harness-rl.sandbox"] == "1" and kw["labels"]["harness-rl.rollout"] == "r"
+    targets = {m["Target"]: m for m in kw["mounts"]}
+    assert targets["/usr"]["ReadOnly"] and targets["/opt/x"]["ReadOnly"] and not targets["/workspace"]["ReadOnly"]
+    assert targets["/run/hrl/shim.sock"]["Source"] == str(tmp_path / "s.sock")
+    assert kw["command"][:4] == ["/usr/bin/python3", "-I", "-S", "/opt/hrl/forwarder.py"]
