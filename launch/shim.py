@@ -2,7 +2,7 @@
 
   python -m launch.shim --engine=replay --replay_file=completions.json --capture=/tmp/capture.jsonl
   python -m launch.shim --engine=sglang --sglang_url=http://gpu-host:30000 --port=8765
-  python -m launch.shim --engine=jax   # the built-in JAX engine (tiny random model unless --checkpoint)
+  python -m launch.shim --engine=jax --checkpoint=/path/to/hf_qwen3  # the built-in JAX engine
 
 Then point a harness at it: OPENAI_BASE_URL=http://127.0.0.1:PORT/v1, ANTHROPIC_BASE_URL=http://127.0.0.1:PORT.
 Every call lands in --capture (one JSON line per call, fsync'd).
@@ -35,6 +35,9 @@ _THINK = flags.DEFINE_bool("enable_thinking", True, "Qwen3 thinking mode unless 
 _REPLAY = flags.DEFINE_string("replay_file", None, "JSON list of completions (strings or id lists), cycled")
 _SGLANG = flags.DEFINE_string("sglang_url", None, "base URL of a running SGLang server")
 _MAX_CTX = flags.DEFINE_integer("max_context", None, "context length of the remote engine")
+_CKPT = flags.DEFINE_string("checkpoint", None, "--engine=jax: HF checkpoint dir (default: tiny random MoE)")
+_SLOTS = flags.DEFINE_integer("slots", 8, "--engine=jax: concurrent sequences")
+_MAX_LEN = flags.DEFINE_integer("max_len", 4096, "--engine=jax: prompt + completion tokens per sequence")
 _SAMPLING = flags.DEFINE_string("sampling", None, 'JSON forced on every call, e.g. {"temperature": 1.0, "top_p": 1.0}')
 
 
@@ -56,14 +59,22 @@ def _sglang(tok) -> Engine:  # noqa: ANN001
 
 
 def _jax(tok) -> Engine:  # noqa: ANN001
-    try:
-        from research.serving import jax_engine
-    except ImportError as e:
-        raise app.UsageError(f"--engine=jax: the JAX engine is not available ({e})") from e
-    build = getattr(jax_engine, "build_default_engine", None)
-    if build is None:
-        raise app.UsageError("--engine=jax: research.serving.jax_engine has no build_default_engine(tokenizer)")
-    return build(tok)
+    """The built-in JAX engine: an HF checkpoint (--checkpoint) or a tiny random Qwen3-MoE (plumbing runs)."""
+    import jax
+
+    from research.models import init_params, tiny_moe
+    from research.models.hf_io import load_hf
+    from research.serving.jax_engine import EngineConfig, JaxEngine
+    from research.serving.qwen3_runner import Qwen3Runner
+
+    if _CKPT.value:
+        params, cfg = load_hf(_CKPT.value)
+    else:
+        cfg = tiny_moe(vocab_size=tok.vocab_size)
+        params = init_params(cfg, jax.random.PRNGKey(0))
+    if cfg.vocab_size < tok.vocab_size:
+        raise app.UsageError(f"model vocab {cfg.vocab_size} < tokenizer vocab {tok.vocab_size}")
+    return JaxEngine(Qwen3Runner(cfg), params, config=EngineConfig(num_slots=_SLOTS.value, max_len=_MAX_LEN.value))
 
 
 ENGINES = {"replay": _replay, "sglang": _sglang, "jax": _jax}
