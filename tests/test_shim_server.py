@@ -375,3 +375,34 @@ def test_capture_before_final_event_and_malformed_tool_json(tok, tmp_path):
     assert on_disk == 1
     assert content == 'Trying.<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"\n</tool_call>'
     assert [b.type for b in m.content] == ["text"] and m.stop_reason == "end_turn"
+
+
+def test_responses_custom_tool_roundtrip(tok, tmp_path):
+    """Codex's freeform tools (type "custom", e.g. apply_patch) come back as custom_tool_call items, and the
+    turn sent back as custom_tool_call + custom_tool_call_output is reused token for token."""
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    out = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": ' + json.dumps(patch) + '}}\n</tool_call>'
+
+    async def go():
+        eng = ReplayEngine([out, "Patched."], tok)
+        async with running_shim(eng, tok, tmp_path / "a.jsonl") as srv:
+            s = await srv.open_session("r", "g", "codex")
+            c = openai.AsyncOpenAI(base_url=s.base_url + "/v1", api_key=s.api_key, max_retries=0)
+            tools = [{"type": "custom", "name": "apply_patch", "description": "edit files",
+                      "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}]
+            items = [{"role": "user", "content": "add a.txt"}]
+            events = []
+            async for ev in await c.responses.create(model="m", input=items, tools=tools, stream=True):
+                events.append(ev.type)
+                if ev.type == "response.completed":
+                    first = ev.response.output
+            items += [o.model_dump(exclude_none=True) for o in first]
+            items.append({"type": "custom_tool_call_output", "call_id": first[0].call_id, "output": "Done!"})
+            second = (await c.responses.create(model="m", input=items, tools=tools)).output
+            return first, second, events, await srv.close_session(s.session_id)
+
+    first, second, events, recs = run(go())
+    assert [o.type for o in first] == ["custom_tool_call"] and first[0].input == patch
+    assert "response.custom_tool_call_input.delta" in events
+    assert second[0].content[0].text == "Patched."
+    assert_append_only(recs)
