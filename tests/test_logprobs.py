@@ -56,6 +56,17 @@ def test_logprobs_are_normalised():
     np.testing.assert_allclose(jnp.exp(lp).sum(0), 1.0, rtol=1e-5)
 
 
+def test_grads_without_entropy():
+    h, w, t = _inputs(3)
+    a = jnp.sin(jnp.arange(t.size, dtype=jnp.float32)).reshape(t.shape)
+    with jax.default_matmul_precision("highest"):
+        g_c = jax.grad(
+            lambda h, w: jnp.sum(a * token_logprobs(h, w, t, chunk_size=7, return_entropy=False)[0]), argnums=(0, 1)
+        )(h, w)
+        g_f = jax.grad(lambda h, w: jnp.sum(a * full_logprobs(h, w, t)[0]), argnums=(0, 1))(h, w)
+    chex.assert_trees_all_close(g_c, g_f, atol=1e-5, rtol=1e-5)
+
+
 def test_no_entropy_and_bf16():
     h, w, t = _inputs(2)
     lp, ent = token_logprobs(h, w, t, chunk_size=16, return_entropy=False)
