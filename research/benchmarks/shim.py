@@ -88,6 +88,8 @@ async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, p
             "overhead_ms_p50_last_turn": statistics.median(per_turn[turns - 1]),
             "first_call_overhead_ms_p50": statistics.median(per_turn[0]),
             "capture_to_json_ms_p50": statistics.median(to_json_ms),
+            # what the shim itself adds once capture.to_json is fast (it runs inside every call, see above)
+            "overhead_ms_p50_minus_to_json": float(np.percentile(steady, 50)) - statistics.median(to_json_ms),
             "prompt_tokens_first": min(prompt_lens), "prompt_tokens_last": max(prompt_lens)}
 
 
