@@ -269,7 +269,7 @@ def test_errors_context_unavailable_malformed(tok, tmp_path):
     assert out["records"] == 0
 
 
-@pytest.mark.parametrize("api", ["chat", "anthropic"])
+@pytest.mark.parametrize("api", ["chat", "anthropic", "responses_nonstream"])
 def test_client_disconnect_aborts_and_records(tok, tmp_path, api):
     async def go():
         eng = ReplayEngine(["one two three four five six seven eight nine ten " * 20], tok, delay_s=0.01)
@@ -277,15 +277,22 @@ def test_client_disconnect_aborts_and_records(tok, tmp_path, api):
             s = await srv.open_session("r", "g", "h")
             msgs = [{"role": "user", "content": "count"}]
             async with aiohttp.ClientSession() as http:
-                if api == "chat":
+                if api == "responses_nonstream":  # the client gives up while waiting for the JSON answer
+                    post = http.post(f"{s.base_url}/v1/responses", json={"input": "count"},
+                                     headers={"Authorization": f"Bearer {s.api_key}"})
+                    with pytest.raises(asyncio.TimeoutError):
+                        await asyncio.wait_for(post, 0.3)
+                    r = None
+                elif api == "chat":
                     r = await http.post(f"{s.base_url}/v1/chat/completions", json={"messages": msgs, "stream": True},
                                         headers={"Authorization": f"Bearer {s.api_key}"})
                 else:
                     r = await http.post(f"{s.base_url}/v1/messages", headers={"x-api-key": s.api_key},
                                         json={"messages": msgs, "stream": True, "max_tokens": 999})
-                await r.content.readany()
-                await asyncio.sleep(0.1)
-                r.close()  # client goes away mid-stream
+                if r is not None:
+                    await r.content.readany()
+                    await asyncio.sleep(0.1)
+                    r.close()  # client goes away mid-stream
             sess = srv.sessions[s.session_id]
             for _ in range(100):
                 if sess.records:
