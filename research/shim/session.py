@@ -97,7 +97,7 @@ class Session:
             lcp = int(neq[0]) if len(neq) else n
             if lcp > best:
                 best_id, best = cid, lcp
-        return best_id, best
+        return (best_id, best) if best > 0 else (None, None)
 
     def add_finished(self, rec: CallRecord) -> None:
         self.records.append(rec)
