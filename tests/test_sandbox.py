@@ -1,6 +1,7 @@
 """Isolation acceptance tests, for bwrap and (marked `docker`) the docker backend: host files, network,
 reward files, fork bomb, memory hog, wall-clock tree kill, and clean-up after kill -9 of the owner."""
 import asyncio
+import json
 import os
 import pathlib
 import signal
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from harness_env.sandbox import Limits, SandboxSpec, get_backend
+from harness_env.sandbox import LABEL, Limits, SandboxSpec, get_backend
 from harness_env.sandbox.reaper import STATE_DIR
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -188,25 +189,44 @@ def test_wall_clock_limit_kills_the_whole_process_tree(backend, tmp_path):
 
 
 ORPHAN = textwrap.dedent("""
-    import asyncio, pathlib, sys
-    from harness_env.sandbox import SandboxSpec, get_backend
-    async def main():
-        b = get_backend(sys.argv[1])
-        s = await b.create(SandboxSpec(workspace=pathlib.Path(sys.argv[2]), name="orphan"))
-        print(s.id, flush=True)
-        await s.exec(["sleep", "317"])
-    asyncio.run(main())
+    # A real runner (bwrap/docker sandbox, harness that hangs in `sleep 317`), killed -9 by the test.
+    import asyncio, pathlib, sys, types
+    from harness_env.harnesses.base import Harness, HarnessOutcome, register
+    from harness_env.runner import Runner, RunnerConfig, plan
+    from harness_env.tasks import family
+
+    @register
+    class Sleeper(Harness):
+        name, api = "test_sleeper", "openai_chat"
+        def argv(self, prompt, ctx):
+            return ["sleep", "317"]
+        def parse_output(self, r):
+            return HarnessOutcome(completed=False, exit_code=r.exit_code)
+
+    class NoShim:  # the gateway a runner needs; no model is ever called
+        unix_socket = None
+        async def open_session(self, rollout_id, group_id, harness, meta=None):
+            return types.SimpleNamespace(session_id="s", api_key="k", base_url="http://127.0.0.1:1/s/s")
+        async def close_session(self, session_id):
+            return []
+
+    root = pathlib.Path(sys.argv[2])
+    task = family.write_task(root / "tasks", "notes.txt", "apple")
+    runner = Runner(RunnerConfig(out_dir=root / "run", backend=sys.argv[1], progress=False), NoShim())
+    asyncio.run(runner.run(plan([task], ["test_sleeper"], 1)))
 """)
 
 
+
 def test_kill_9_of_the_owner_leaves_no_orphans_after_the_next_start(backend, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", ORPHAN, backend.name, str(tmp_path / "ws")], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    sid = proc.stdout.readline().strip()
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN, backend.name, str(tmp_path)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 30
     while not _procs_with_argv(["sleep", "317"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _procs_with_argv(["sleep", "317"]), "the sandboxed process never started"
+    sids = _our_sandboxes(backend, proc.pid)
+    assert len(sids) == 1
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     reaped = _run(get_backend(backend.name).reap())  # what the next start of any orchestrator does
@@ -215,11 +235,24 @@ def test_kill_9_of_the_owner_leaves_no_orphans_after_the_next_start(backend, tmp
     while _procs_with_argv(["sleep", "317"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _procs_with_argv(["sleep", "317"]) == []
+    assert _our_sandboxes(backend, proc.pid) == []
     if backend.name == "bwrap":
-        assert not (STATE_DIR / sid).exists()
-        assert not any(pathlib.Path("/sys/fs/cgroup").glob(f"*/harness-rl.sandbox/{sid}"))
-    else:
-        assert not backend.client.containers.list(all=True, filters={"name": f"hrl-{sid}"})
+        assert not any(pathlib.Path("/sys/fs/cgroup").glob(f"*/harness-rl.sandbox/{sids[0]}"))
+
+
+def _our_sandboxes(backend, owner_pid: int) -> list[str]:
+    """Sandboxes (bwrap state dirs / docker containers) whose recorded owner is `owner_pid`."""
+    if backend.name == "bwrap":
+        out = []
+        for d in STATE_DIR.iterdir() if STATE_DIR.is_dir() else []:
+            try:
+                if json.loads((d / "owner.json").read_text())["owner"]["pid"] == owner_pid:
+                    out.append(d.name)
+            except (OSError, ValueError, KeyError):
+                pass
+        return out
+    return [c.name.removeprefix("hrl-") for c in backend.client.containers.list(all=True, filters={"label": LABEL})
+            if json.loads(c.labels.get(f"{LABEL}.owner", "{}")).get("pid") == owner_pid]
 
 
 def test_forwarder_tcp_upstream_mode_and_exit_status(tmp_path):
