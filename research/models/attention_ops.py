@@ -317,3 +317,51 @@ def attend(
             skip=impl != "dense_blocks",
         )
     raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
+
+
+def _live_axes(mesh, axes) -> tuple[str, ...]:
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    return tuple(a for a in axes if a is not None and a in mesh.axis_names and mesh.shape[a] > 1)
+
+
+def attend_on_mesh(
+    q_BxTxHxD: Float[Array, "B T H D"],
+    k_BxTxKxD: Float[Array, "B T K D"],
+    v_BxTxKxD: Float[Array, "B T K D"],
+    *,
+    segment_ids_BxT: Int[Array, "B T"],
+    subtree_end_BxT: Int[Array, "B T"] | None = None,
+    batch_axes=("data", "fsdp"),
+    head_axes="tensor",
+    **kwargs,
+) -> Float[Array, "B T H D"]:
+    """``attend`` under ``shard_map`` on the ambient mesh: rows split over ``batch_axes``, kv heads (with
+    their query groups) over ``head_axes``.
+
+    Why: attention is independent per row and per kv head, but the kernel's block loops and key-block
+    lookups are not something the SPMD partitioner can split (it would gather the whole batch onto every
+    device). Under shard_map each device runs the kernel on its own rows and heads, with no
+    communication. Without an ambient mesh (or with all those axes of size 1) this is plain ``attend``.
+    """
+    if subtree_end_BxT is None:
+        subtree_end_BxT = segment_subtree_end(segment_ids_BxT)
+    run = functools.partial(attend, **kwargs)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return run(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT=segment_ids_BxT, subtree_end_BxT=subtree_end_BxT)
+    b_axes, h_axes = _live_axes(mesh, batch_axes), _live_axes(mesh, head_axes)
+    if q_BxTxHxD.shape[0] % math.prod(mesh.shape[a] for a in b_axes):
+        b_axes = ()
+    if k_BxTxKxD.shape[2] % math.prod(mesh.shape[a] for a in h_axes):
+        h_axes = ()  # kv heads do not split evenly: keep heads whole on every device
+    if not b_axes and not h_axes:
+        return run(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT=segment_ids_BxT, subtree_end_BxT=subtree_end_BxT)
+    P = jax.sharding.PartitionSpec
+    heads, rows = P(b_axes or None, None, h_axes or None, None), P(b_axes or None, None)
+
+    def local(q, k, v, seg, end):
+        return run(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end)
+
+    return jax.shard_map(local, in_specs=(heads, heads, heads, rows, rows), out_specs=heads, check_vma=False)(
+        q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT, subtree_end_BxT
+    )
