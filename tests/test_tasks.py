@@ -84,7 +84,7 @@ def test_family_task_checker(bwrap, tmp_path):
 
 def test_synthesis_is_deterministic_and_validated(bwrap, tmp_path):
     seeds = [p for p in TASKS if synth.is_seed(p)]
-    assert {p.name for p in seeds} >= {"file_hello", "csv_region_totals"}
+    assert {p.name for p in seeds} >= {"file_hello", "csv_region_totals", "file_rename", "file_find_largest"}
     a = synth.make_variant(LIBRARY / "csv_region_totals", tmp_path / "a", 1, seed=7)
     b = synth.make_variant(LIBRARY / "csv_region_totals", tmp_path / "b", 1, seed=7)
     c = synth.make_variant(LIBRARY / "csv_region_totals", tmp_path / "c", 2, seed=7)
@@ -97,3 +97,5 @@ def test_synthesis_is_deterministic_and_validated(bwrap, tmp_path):
     for t in hello:  # the query and the checker changed together
         assert t.metadata["params"]["filename"] in t.user_query
         assert t.metadata["params"]["text"] in (t.root / "reward" / "check.py").read_text()
+    for t in [load_task(k) for k in kept if "file_rename" in k.name]:  # input file names follow the parameters
+        assert (t.input_dir / t.metadata["params"]["src"]).is_file() and t.metadata["params"]["src"] in t.user_query

@@ -30,8 +30,15 @@ def _rng(seed: int, task_id: str, index: int) -> random.Random:
 
 
 def _substitute(root: pathlib.Path, mapping: dict[str, str]) -> None:
+    """Replaces each default literal by its value in every text file and in file names (inputs too)."""
     if not mapping:
         return
+    for p in sorted(root.rglob("*"), key=lambda q: -len(q.parts)):  # deepest first: renames stay valid
+        name = p.name
+        for old, val in mapping.items():
+            name = name.replace(old, val)
+        if name != p.name:
+            p = p.rename(p.with_name(name))
     for p in sorted(root.rglob("*")):
         if not p.is_file() or p.name == "synth.py":
             continue

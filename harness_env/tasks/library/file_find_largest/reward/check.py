@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 
 
@@ -17,5 +18,6 @@ def read(path):
         return None
 
 
+want = read(os.path.join(os.path.dirname(os.path.abspath(__file__)), "expected.txt")).strip()
 got = (read("largest.txt") or "").strip()
-finish({"answer": float(got in ("beta.log", "data/beta.log"))})
+finish({"answer": float(got in (want, "data/" + want))})

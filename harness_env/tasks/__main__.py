@@ -1,0 +1,65 @@
+"""Task tools: `python -m harness_env.tasks COMMAND ...`
+
+  family   --split train|heldout|all [--n N] [--seed S] --out DIR   write make_file family tasks
+  synth    [--seeds DIR] --per-seed N [--seed S] --out DIR           validated variants of the seed tasks
+  validate DIR                                                       reference solution 1.0, empty < 1.0
+Validation and synthesis run every checker in a bwrap sandbox (the path rollouts use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+import sys
+
+from harness_env.sandbox import get_backend
+from harness_env.tasks import LIBRARY, discover, family, synth
+from harness_env.tasks.validate import validate_task
+
+
+async def _validate(dirs: list[pathlib.Path]) -> int:
+    backend = get_backend("bwrap")
+    bad = 0
+    for d in dirs:
+        v = await validate_task(backend, d)
+        bad += not v.ok
+        print(f"{'ok  ' if v.ok else 'FAIL'} {v.task_id}: solution={v.solution_reward} empty={v.empty_reward} "
+              f"{v.message}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness_env.tasks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("family")
+    f.add_argument("--split", default="train", choices=["train", "heldout", "all"])
+    f.add_argument("--n", type=int, default=None)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--out", required=True, type=pathlib.Path)
+    s = sub.add_parser("synth")
+    s.add_argument("--seeds", type=pathlib.Path, default=LIBRARY)
+    s.add_argument("--per-seed", type=int, default=3)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, type=pathlib.Path)
+    v = sub.add_parser("validate")
+    v.add_argument("dir", type=pathlib.Path)
+    a = p.parse_args(argv)
+    if a.cmd == "family":
+        dirs = family.generate(a.out, a.split, a.n, a.seed)
+        print(f"wrote {len(dirs)} {a.split} tasks to {a.out}")
+        return 0
+    if a.cmd == "synth":
+        seeds = [d for d in discover(a.seeds) if synth.is_seed(d)]
+        kept, failed = asyncio.run(synth.synthesize(get_backend("bwrap"), seeds, a.out, per_seed=a.per_seed,
+                                                    seed=a.seed))
+        for v_ in failed:
+            print(f"dropped {v_.task_id}: {v_.message}")
+        print(f"{len(kept)} validated variants of {len(seeds)} seeds in {a.out}")
+        return 0
+    return asyncio.run(_validate(discover(a.dir)))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
