@@ -198,7 +198,10 @@ def policy_state_init(config: ml_collections.ConfigDict) -> tuple[StateInit, Mod
     """The StateInit of the Qwen3 policy described by `config.model` / `config.optim`."""
     cfg = model_config(config)
     optimizer, _ = make_optimizer(config.optim)
-    init_fn = lambda r: Qwen3(cfg).init(r, *dummy_inputs())["params"]
+    # Init runs one forward on a dummy row; expert parallelism does not change the params and would
+    # need the dummy token count to divide the expert mesh axis, so the init forward runs without it.
+    init_cfg = cfg.replace(expert_parallel=False)
+    init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
     return StateInit(init_fn=init_fn, optimizer=optimizer), cfg
 
 
