@@ -8,7 +8,7 @@
 --endpoint: where the policy runs; the shim always sits in front (every call is captured):
   oracle            scripted replay engine that solves the make_file family (pipeline check),
   replay:FILE       replay engine cycling the completions in FILE (JSON list),
-  jax               the embedded JAX engine (research.serving.jax_engine.build_default_engine),
+  jax[:CKPT]        the embedded JAX engine: an HF checkpoint dir, else a tiny random Qwen3-MoE,
   sglang:URL        a running SGLang server (token ids in and out),
   openai:URL        any OpenAI-compatible /v1/completions server that returns token ids (vLLM-style).
 Writes OUT/results.jsonl, OUT/capture.jsonl, OUT/report.{txt,json,csv,png}; a re-run resumes.
@@ -33,7 +33,7 @@ _DEFAULT_TOK = str(pathlib.Path(__file__).resolve().parents[1].parent / "shared"
 _TASKS = flags.DEFINE_string("tasks", "library", "task dir | library | family:SPLIT[:N]")
 _HARNESS = flags.DEFINE_list("harness", ["reference"], "comma-separated harness names")
 _K = flags.DEFINE_integer("k", 4, "samples per task (pass@k for every k in 1, 2, 4, ... <= this)")
-_ENDPOINT = flags.DEFINE_string("endpoint", "oracle", "oracle | replay:FILE | jax | sglang:URL | openai:URL")
+_ENDPOINT = flags.DEFINE_string("endpoint", "oracle", "oracle | replay:FILE | jax[:CKPT] | sglang:URL | openai:URL")
 _OUT = flags.DEFINE_string("out", "/tmp/harness_rl_eval", "output dir (resumable)")
 _BACKEND = flags.DEFINE_enum("backend", "bwrap", ["bwrap", "docker", "kubernetes"], "sandbox backend")
 _CONC = flags.DEFINE_integer("concurrency", 8, "rollouts in flight")
@@ -42,6 +42,7 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", _DEFAULT_TOK, "policy tokenizer di
 _THRESHOLD = flags.DEFINE_float("threshold", 1.0, "reward counted as a success")
 _MEMORY = flags.DEFINE_integer("memory_mb", 2048, "sandbox memory limit")
 _MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "agent turns (harnesses that take a limit)")
+_MAX_LEN = flags.DEFINE_integer("max_len", 4096, "--endpoint=jax: longest prompt + completion per slot")
 
 
 def task_dirs(spec: str, scratch: pathlib.Path) -> list[pathlib.Path]:
@@ -64,12 +65,7 @@ def build_engine(endpoint: str, tok):  # noqa: ANN001
 
         return ReplayEngine(json.loads(pathlib.Path(arg).read_text()), tok, cycle=True)
     if kind == "jax":
-        from research.serving import jax_engine
-
-        build = getattr(jax_engine, "build_default_engine", None)
-        if build is None:
-            raise app.UsageError("--endpoint=jax: research.serving.jax_engine has no build_default_engine")
-        return build(tok)
+        return _jax_engine(tok, arg)
     if kind == "sglang":
         from research.serving.sglang_client import SGLangClient
 
@@ -79,6 +75,24 @@ def build_engine(endpoint: str, tok):  # noqa: ANN001
 
         return OpenAICompletionsEngine(arg)
     raise app.UsageError(f"--endpoint {endpoint!r}: expected oracle | replay:FILE | jax | sglang:URL | openai:URL")
+
+
+def _jax_engine(tok, checkpoint: str):  # noqa: ANN001
+    """The embedded JAX engine: an HF checkpoint dir, or (no dir) a tiny random Qwen3-MoE for plumbing runs."""
+    import jax
+
+    from research.models import init_params, tiny_moe
+    from research.serving.jax_engine import EngineConfig, JaxEngine
+    from research.serving.qwen3_runner import Qwen3Runner
+
+    if checkpoint:
+        from research.models.hf_io import load_hf
+
+        params, cfg = load_hf(checkpoint)
+    else:
+        cfg = tiny_moe(vocab_size=tok.vocab_size)
+        params = init_params(cfg, jax.random.PRNGKey(0))
+    return JaxEngine(Qwen3Runner(cfg), params, config=EngineConfig(max_len=_MAX_LEN.value))
 
 
 async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, engine, tok, out: pathlib.Path,
