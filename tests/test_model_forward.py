@@ -1,5 +1,7 @@
 """Forward contract of the Qwen3 policy: shapes, tree mask semantics, MoE kernels agree, routing replay."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,8 +12,10 @@ from research.models import Qwen3, dummy_inputs, init_params, logits, tiny_dense
 from research.models.moe import experts_blocked, experts_dense, experts_ragged, route
 
 
-def _fwd(cfg, p, toks, pos, seg, se, **kw):
-    return Qwen3(cfg).apply({"params": p}, toks, pos, seg, se, **kw)
+@functools.partial(jax.jit, static_argnames=("cfg", "return_routing"))
+def _fwd(cfg, p, toks, pos, seg, se, expert_ids_BxTxLxK=None, return_routing=False):
+    return Qwen3(cfg).apply({"params": p}, toks, pos, seg, se, expert_ids_BxTxLxK=expert_ids_BxTxLxK,
+                            return_routing=return_routing)
 
 
 def _seq_inputs(rng, B, T, V):
@@ -68,13 +72,14 @@ def test_moe_kernels_agree(N, E, K):
     router = jax.random.normal(ks[1], (D, E))
     wg, wu = jax.random.normal(ks[2], (E, D, I)) * 0.3, jax.random.normal(ks[3], (E, D, I)) * 0.3
     wo = jax.random.normal(ks[4], (E, I, D)) * 0.3
-    w, ids = route(x, router, top_k=K, norm_topk_prob=True)
-    ref = experts_dense(x, ids, w, wg, wu, wo)
-    np.testing.assert_allclose(experts_ragged(x, ids, w, wg, wu, wo), ref, atol=1e-4, rtol=1e-5)
-    np.testing.assert_allclose(experts_blocked(x, ids, w, wg, wu, wo, block_rows=4), ref, atol=1e-4, rtol=1e-5)
+    w, ids = jax.jit(functools.partial(route, top_k=K, norm_topk_prob=True))(x, router)
+    blocked = functools.partial(experts_blocked, block_rows=4)
+    ref = jax.jit(experts_dense)(x, ids, w, wg, wu, wo)
+    np.testing.assert_allclose(jax.jit(experts_ragged)(x, ids, w, wg, wu, wo), ref, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(blocked)(x, ids, w, wg, wu, wo), ref, atol=1e-4, rtol=1e-5)
     # grads agree too (the blocked path is the CPU training path)
-    loss = lambda f: lambda wg: jnp.sum(f(x, ids, w, wg, wu, wo) ** 2)
-    np.testing.assert_allclose(jax.grad(loss(experts_blocked))(wg), jax.grad(loss(experts_dense))(wg), atol=1e-3)
+    grad = lambda f: jax.jit(jax.grad(lambda wg: jnp.sum(f(x, ids, w, wg, wu, wo) ** 2)))(wg)
+    np.testing.assert_allclose(grad(blocked), grad(experts_dense), atol=1e-3)
 
 
 def test_mixed_dense_and_sparse_layers_run():

@@ -25,7 +25,7 @@ def init_params(cfg: ModelConfig, rng: jax.Array):
     """Unboxed fp32 params on the default device (use sharding.init_sharded for a mesh)."""
     import flax.linen as nn
 
-    return nn.meta.unbox(Qwen3(cfg).init(rng, *dummy_inputs())["params"])
+    return nn.meta.unbox(jax.jit(Qwen3(cfg).init)(rng, *dummy_inputs())["params"])
 
 
 __all__ = [

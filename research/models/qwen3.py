@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from research.models.attention_ops import attend
 from research.models.config import ModelConfig
 from research.models.moe import MoEBlock
 
@@ -84,17 +85,6 @@ def rope(x_BxTxHxD: Float[Array, "B T H D"], positions_BxT: Int[Array, "B T"], t
     return out.astype(x_BxTxHxD.dtype)
 
 
-def _attend_private(q, k, v, *, segment_ids_BxT, subtree_end_BxT, impl):
-    """Dense reference of the tree mask (until research.models.attention_ops lands). O(T^2): tests only."""
-    del impl
-    T = q.shape[1]
-    idx = jnp.arange(T)
-    seg = segment_ids_BxT
-    mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
-    mask &= (idx[None, None, :] <= idx[None, :, None]) & (idx[None, :, None] <= subtree_end_BxT[:, None, :])
-    return _masked_attention(q, k, v, mask)
-
-
 def _masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS):
     B, T, H, D = q_BxTxHxD.shape
     K = k_BxSxKxD.shape[2]
@@ -140,8 +130,7 @@ class Attention(nn.Module):
         q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
         new_cache = None
         if kv_cache is None:
-            o = _attend_private(q, k, v, segment_ids_BxT=segment_ids, subtree_end_BxT=subtree_end,
-                                impl=cfg.attention_impl)
+            o = attend(q, k, v, segment_ids_BxT=segment_ids, subtree_end_BxT=subtree_end, impl=cfg.attention_impl)
         else:
             ck, cv = kv_cache
             ck = ck.at[slots[:, None], write].set(k.astype(ck.dtype), mode="drop")
