@@ -175,6 +175,19 @@ def test_memory_hog_is_killed_by_the_memory_limit(backend, tmp_path):
     assert res.exit_code in (137, -9) and res.oom_killed, res
 
 
+def test_cpu_limit_throttles_a_busy_loop(backend, tmp_path):
+    """0.2 CPUs: ~1.5 s of wall-clock busy looping gets ~0.3 s of CPU (unthrottled it would be ~1.5 s)."""
+    busy = ("import time; t = time.time()\nwhile time.time() - t < 1.5: pass\n"
+            "print(time.process_time())")
+
+    async def go(sbx):
+        return await sbx.exec(["python3", "-c", busy], timeout=30)
+
+    res = _run(_with_sandbox(backend, tmp_path, go, limits=Limits(cpus=0.2)))
+    assert res.exit_code == 0, res
+    assert float(res.stdout) < 0.45, res.stdout  # quota: at most 0.2 x 1.5 s = 0.3 s, plus start-up
+
+
 def test_wall_clock_limit_kills_the_whole_process_tree(backend, tmp_path):
     async def go(sbx):
         return await sbx.exec(["sh", "-c", "sleep 311 & (sleep 311 &) ; setsid sleep 311 & sleep 311"], timeout=1.0)

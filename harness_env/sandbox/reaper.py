@@ -14,10 +14,21 @@ import os
 import pathlib
 import shutil
 import signal
+import time
 
 from harness_env.sandbox import limits as limits_mod
 
 STATE_DIR = pathlib.Path(os.environ.get("HRL_SANDBOX_STATE", "/tmp/harness-rl/sandboxes"))
+
+
+YOUNG_S = 30.0  # a state dir without a readable owner younger than this is still being set up
+
+
+def _age_s(p: pathlib.Path) -> float:
+    try:
+        return time.time() - p.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def proc_start_time(pid: int) -> int | None:
@@ -39,8 +50,11 @@ def alive(rec: dict) -> bool:
 
 
 def write_owner(state: pathlib.Path, extra: dict) -> None:
+    """Atomically (rename), so a concurrent reaper never reads a half-written owner."""
     state.mkdir(parents=True, exist_ok=True)
-    (state / "owner.json").write_text(json.dumps({"owner": owner_record(), **extra}))
+    tmp = state / f".owner.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"owner": owner_record(), **extra}))
+    os.replace(tmp, state / "owner.json")
 
 
 def record_pid(state: pathlib.Path, pid: int) -> None:
@@ -87,10 +101,14 @@ def reap_process_sandboxes(mode: str, state_dir: pathlib.Path | None = None) -> 
                 owner = json.loads((state / "owner.json").read_text())["owner"]
             except (OSError, ValueError, KeyError):
                 owner = {}
+                if _age_s(state) < YOUNG_S:  # being created right now by a live orchestrator
+                    continue
             if owner and alive(owner):
                 continue
             destroy(state, state.name, mode)
             n += 1
+    if state_dir != STATE_DIR:  # cgroups are host-wide; only the default state dir knows them all
+        return n
     for name in limits_mod.leftover_cgroups(mode):
         if name not in known and not (state_dir / name).exists():
             cg = limits_mod.Cgroup(mode, name)
