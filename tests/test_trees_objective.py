@@ -90,10 +90,11 @@ def _state(obj=None):
     return mesh, opt, state, shardings
 
 
-@pytest.mark.parametrize("critic", ["none", pytest.param("head", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("critic", ["none", pytest.param("head", marks=pytest.mark.slow),
+                                    pytest.param("separate", marks=pytest.mark.slow)])
 def test_train_step_on_tree_batches_does_not_recompile(critic):
     loss_cfg = losses.LossConfig(algo="grpo" if critic == "none" else "ppo")
-    obj = TreeObjective(loss=loss_cfg, critic=critic)
+    obj = TreeObjective(loss=loss_cfg, critic=critic, critic_model=CFG if critic == "separate" else None)
     mesh, opt, state, shardings = _state(obj)
     step = make_train_step(loss_fn=make_tree_loss_fn(CFG, obj), optimizer=opt, state_shardings=shardings,
                            batch_shardings=NamedSharding(mesh, PartitionSpec()),
