@@ -1,0 +1,64 @@
+"""The CPU demo that learns: tiny dense Qwen3 (real Qwen3 tokenizer), JAX engine, bwrap, reference harness,
+the make_file family; SFT warm start on captured expert demonstrations, then tree GRPO.
+
+    python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/demo
+    python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/d --config.algo=ppo --config.train.steps=3
+
+`arg` picks a preset: "" (the demo), "test" (seconds-long runs for the test suite).
+"""
+
+import pathlib
+
+import ml_collections
+
+from configs import tiny
+from research.train.optim import default_optim_config
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    config = tiny.get_config("dense")
+    config.name = "demo_cpu"
+    config.seed = 0
+    config.algo = "grpo"  # grpo | ppo | sft
+    config.tokenizer_dir = str(REPO.parent / "shared" / "qwen3")
+    config.model.update(vocab_size=151936, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=32)
+    config.mesh.update(data=1)
+    config.optim.update(learning_rate=3e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
+    config.critic_optim = default_optim_config()
+    config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
+    config.train = ml_collections.ConfigDict(dict(
+        steps=30,  # RL steps (after the SFT phase)
+        batch_rows=4, row_len=1024, num_microbatches=1, logprob_chunk=256, loss_slots=256))
+    config.rl = ml_collections.ConfigDict(dict(
+        estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.0,
+        is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0))
+    config.tasks = ml_collections.ConfigDict(dict(source="make_file", seed=0, train_dir="", eval_dir=""))
+    config.rollout = ml_collections.ConfigDict(dict(
+        mode="sync",  # sync | async
+        max_off_policy_steps=1, lookahead=1,
+        harnesses="reference",  # "name:weight,..." e.g. "reference:1,claude_code:1"
+        groups_per_step=4, group_size=4, backend="bwrap", concurrency=4, timeout_s=120, reward_timeout_s=30,
+        infra_retries=2, max_turns=3, sandbox_cpus=1.0, sandbox_memory_mb=1024, progress=False, fsync=True,
+        enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0))
+    config.engine = ml_collections.ConfigDict(dict(num_slots=4, max_len=1024, prefill_chunk=256))
+    config.sync = ml_collections.ConfigDict(dict(kind="jax", sglang_url="", export_dtype="bfloat16"))
+    config.sft = ml_collections.ConfigDict(dict(steps=150, groups_per_step=8, num_demos=-1, expert="make_file"))
+    config.eval = ml_collections.ConfigDict(dict(every=10, num_tasks=-1, at_start=True, after_sft=True))
+    config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=2))
+    config.metrics = ml_collections.ConfigDict(dict(tensorboard=True, plot_every=10))
+    config.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="", num_processes=0,
+                                                        process_id=-1))
+    if arg == "test":
+        config.model.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16)
+        config.train.update(steps=3, batch_rows=2)
+        config.rollout.update(groups_per_step=2, group_size=2, max_new_tokens=16, max_turns=2, fsync=False)
+        config.sft.update(steps=0, num_demos=4, groups_per_step=2)
+        config.eval.update(every=0, at_start=False, after_sft=False, num_tasks=2)
+        config.checkpoint.update(every=1)
+        config.metrics.update(tensorboard=True, plot_every=1)
+    elif arg:
+        raise ValueError(f"configs/demo_cpu.py: arg {arg!r} not in '', 'test'")
+    return config

@@ -1,0 +1,107 @@
+"""Run metrics: metrics.jsonl (one line per record, fsync'd), TensorBoard events, reward-curve PNG.
+
+Why JSONL as the source of truth: a killed run keeps every line it wrote, a resumed run appends, and
+the plot / notebook / tests read the same file. TensorBoard is a view of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+import statistics
+
+from research.capture import RolloutResult
+
+
+def rollout_metrics(results: list[RolloutResult], prefix: str = "rollout") -> dict[str, float]:
+    """Reward / pass rate overall and per harness, failure counts by status, latency."""
+    out: dict[str, float] = {}
+    by_h: dict[str, list[RolloutResult]] = collections.defaultdict(list)
+    for r in results:
+        by_h[r.harness].append(r)
+    for name, rs in [("all", results), *sorted(by_h.items())]:
+        if not rs:
+            continue
+        rewards = [r.reward if r.reward is not None else 0.0 for r in rs]
+        out[f"{prefix}/{name}/reward"] = statistics.fmean(rewards)
+        out[f"{prefix}/{name}/pass_rate"] = statistics.fmean([float(r.status == "ok" and r.reward >= 1.0) for r in rs])
+        out[f"{prefix}/{name}/count"] = float(len(rs))
+    for status, n in collections.Counter(r.status for r in results).items():
+        out[f"{prefix}/status/{status}"] = float(n)
+    lat = [r.timings.get("total_s", 0.0) for r in results if r.timings]
+    if lat:
+        out[f"{prefix}/latency_s"] = statistics.fmean(lat)
+    return out
+
+
+class MetricsWriter:
+    def __init__(self, workdir: pathlib.Path, *, tensorboard: bool = True):
+        self.path = workdir / "metrics.jsonl"
+        self._f = open(self.path, "a")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(workdir / "tb"))
+
+    def write(self, step: int, metrics: dict[str, float], kind: str = "train") -> None:
+        self._f.write(json.dumps({"kind": kind, "step": step, **metrics}) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, int | float):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(workdir: pathlib.Path) -> list[dict]:
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # torn last line of a killed run
+            continue
+    return out
+
+
+def plot_rewards(workdir: pathlib.Path) -> pathlib.Path:
+    """reward_curve.png: train reward + pass rate per step, eval pass rate (held-out) per eval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(workdir)
+    last: dict[tuple[str, int], dict] = {}
+    for r in rows:  # a resumed run rewrites steps: keep the last record per (kind, step)
+        last[(r["kind"], r["step"])] = r
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind, key, label, style in (("train", "rollout/all/reward", "train reward", "-"),
+                                    ("train", "rollout/all/pass_rate", "train pass rate", "--"),
+                                    ("sft", "nll", "sft nll (right axis)", None),
+                                    ("eval", "eval/all/pass_rate", "held-out pass rate (greedy)", "-o")):
+        pts = sorted((s, r[key]) for (k, s), r in last.items() if k == kind and key in r)
+        if not pts or style is None:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    ax.set_xlabel("step (SFT steps, then RL steps)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{pathlib.Path(workdir).name}: reward / pass rate")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    out = pathlib.Path(workdir) / "reward_curve.png"
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,168 @@
+"""Rollout side of the loop: engine + shim + runner in this process, one plan per training step.
+
+Why per-step rollout ids (`s00012.task.harness.3`): the capture log, the runner's results log and the
+sealed shards are all keyed by rollout / group id, and a task may be drawn again at a later step. A
+step-qualified id makes every rollout unique for the whole run, so "consumed" is a plain set of ids
+and a resumed run recognises exactly the rollouts it already has (the runner skips them).
+
+The plan for step k is a pure function of (seed, k): after a crash the same command replans the same
+rollouts, finds the finished ones in `results.jsonl` and only runs the missing ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import random
+from collections.abc import Sequence
+
+import ml_collections
+
+from harness_env.runner import RolloutSpec, Runner, RunnerConfig
+from harness_env.sandbox import Limits
+from harness_env.tasks import discover, family
+from research.capture import CaptureLog, RolloutResult
+from research.serving.api import Engine, GenerateRequest
+from research.shim.server import ShimServer
+from research.shim.session import ShimOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec(RolloutSpec):
+    """A RolloutSpec whose ids carry the training step (and a tag: "train" or "eval")."""
+
+    step: int = 0
+    tag: str = "train"
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.tag}{self.step:05d}/{self.task_dir.name}/{self.harness}"
+
+    @property
+    def rollout_id(self) -> str:
+        return f"{self.tag}{self.step:05d}.{super().rollout_id}"
+
+
+def step_of(rollout_id: str) -> int:
+    """The training step a rollout was planned for (inverse of StepSpec.rollout_id)."""
+    head = rollout_id.split(".", 1)[0]
+    return int(head.lstrip("abcdefghijklmnopqrstuvwxyz"))
+
+
+def task_dirs(tasks: ml_collections.ConfigDict, root: pathlib.Path, split: str) -> list[pathlib.Path]:
+    """The task folders of `split` ("train" | "heldout"): the make_file family or a ClawGym-format dir."""
+    if tasks.source == "make_file":
+        out = root / "tasks" / split
+        if not out.exists() or not any(out.iterdir()):
+            family.generate(out, split=split, seed=tasks.seed)
+        return sorted(p for p in out.iterdir() if p.is_dir())
+    if tasks.source == "dir":
+        d = pathlib.Path(tasks.train_dir if split == "train" else tasks.eval_dir)
+        return discover(d)
+    raise ValueError(f"config.tasks.source={tasks.source!r}; known: make_file, dir")
+
+
+def harness_weights(cfg: ml_collections.ConfigDict) -> list[tuple[str, float]]:
+    """`config.rollout.harnesses` is "name:weight,name:weight" (weight defaults to 1)."""
+    out = []
+    for item in str(cfg.rollout.harnesses).split(","):
+        name, _, w = item.strip().partition(":")
+        out.append((name, float(w) if w else 1.0))
+    if not out or any(w <= 0 for _, w in out):
+        raise ValueError(f"config.rollout.harnesses={cfg.rollout.harnesses!r}: need name[:weight>0],...")
+    return out
+
+
+def plan_step(cfg: ml_collections.ConfigDict, tasks: Sequence[pathlib.Path], step: int,
+              tag: str = "train") -> list[StepSpec]:
+    """groups_per_step (task, harness) groups of group_size samples; harnesses drawn by weight."""
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    hw = harness_weights(cfg)
+    names, weights = [n for n, _ in hw], [w for _, w in hw]
+    specs = []
+    picked = rng.sample(list(tasks), k=min(cfg.rollout.groups_per_step, len(tasks)))
+    for i, t in enumerate(picked):
+        # every harness gets a share of groups (round robin) once there are at least as many groups
+        h = names[i % len(names)] if cfg.rollout.groups_per_step >= len(names) and len(set(weights)) == 1 \
+            else rng.choices(names, weights)[0]
+        specs += [StepSpec(pathlib.Path(t), h, k, step=step, tag=tag) for k in range(cfg.rollout.group_size)]
+    return specs
+
+
+def plan_eval(cfg: ml_collections.ConfigDict, tasks: Sequence[pathlib.Path], step: int) -> list[StepSpec]:
+    """One greedy sample per held-out task and harness (eval ids are tagged "eval" + the step)."""
+    n = cfg.eval.num_tasks
+    chosen = list(tasks)[:n] if n and n > 0 else list(tasks)
+    return [StepSpec(pathlib.Path(t), h, 0, step=step, tag="eval") for t in chosen for h, _ in harness_weights(cfg)]
+
+
+class RolloutService:
+    """Shim over an engine + a Runner writing into the run's capture log; `await run(specs)`."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, workdir: pathlib.Path, engine, tokenizer, *,
+                 name: str = "rollouts", capture_path: pathlib.Path | None = None, sampling: dict | None = None,
+                 backend=None):
+        self.cfg, self.workdir, self.engine = cfg, workdir, engine
+        self.capture_path = capture_path or workdir / "capture.jsonl"
+        self.capture = CaptureLog(self.capture_path, fsync=cfg.rollout.fsync)
+        sock = workdir / f"{name}.sock"
+        opts = ShimOptions(enable_thinking=cfg.rollout.enable_thinking,
+                           default_max_tokens=cfg.rollout.max_new_tokens,
+                           sampling_override=dict(sampling if sampling is not None else self.train_sampling()))
+        self.shim = ShimServer(CappedEngine(engine, cfg.rollout.max_new_tokens), tokenizer, self.capture,
+                               unix_socket=str(sock), options=opts)
+        r = cfg.rollout
+        self.runner_cfg = RunnerConfig(
+            out_dir=workdir / name, backend=r.backend, concurrency=r.concurrency, timeout_s=r.timeout_s,
+            reward_timeout_s=r.reward_timeout_s, infra_retries=r.infra_retries, max_turns=r.max_turns,
+            limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30),
+            progress=r.progress)
+        self.runner = Runner(self.runner_cfg, self.shim, capture_log=self.capture, backend=backend)
+        self._started = False
+
+    def train_sampling(self) -> dict:
+        r = self.cfg.rollout
+        return {"temperature": r.temperature, "top_p": r.top_p}
+
+    async def start(self) -> None:
+        if not self._started:
+            await self.shim.start()
+            self._started = True
+
+    async def run(self, specs: Sequence[StepSpec]) -> list[RolloutResult]:
+        await self.start()
+        return await self.runner.run(specs)
+
+    async def close(self) -> None:
+        if self._started:
+            await self.shim.stop()
+            self._started = False
+        self.runner.close()
+        self.capture.close()
+
+
+class CappedEngine(Engine):
+    """Caps every call's max_new_tokens (harnesses ask for 1k-32k; a CPU policy must stay short).
+
+    Pass-through otherwise: pause/resume/update_weights reach the wrapped engine."""
+
+    def __init__(self, inner: Engine, max_new_tokens: int):
+        self.inner, self.max_new = inner, int(max_new_tokens)
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    def stream(self, req: GenerateRequest):
+        sp = dataclasses.replace(req.sampling, max_new_tokens=min(req.sampling.max_new_tokens, self.max_new))
+        return self.inner.stream(dataclasses.replace(req, sampling=sp))
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()

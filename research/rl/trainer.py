@@ -1,0 +1,102 @@
+"""The learner: one TrainState, jitted steps for the configured algorithm, PPO pre-pass, weight export.
+
+Algorithms (`config.algo`): "grpo" (tree GRPO-family, no critic), "ppo" (tree PPO with a value head:
+GAE on the trees from a no-grad pre-pass), "sft" (NLL of captured demonstrations). One state serves
+all three, so an SFT warm start continues as RL in the same run; an SFT step on a PPO state simply
+leaves the critic untouched.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from research import losses
+from research.data.pipeline import PipelineConfig
+from research.models import Qwen3, dummy_inputs
+from research.rl.batches import StepBatch
+from research.rl.objective import make_eval_fn, make_rl_loss_fn, make_sft_loss_fn, scatter_slots
+from research.train.optim import make_optimizer
+from research.train.state import StateInit, abstract_train_state, init_train_state, make_mesh, model_config
+from research.train.step import make_train_step
+from research.trees.objective import TreeObjective, init_critic_params, ppo_stats_from_values
+
+ALGOS = ("grpo", "ppo", "sft")
+
+
+def loss_config(config: ml_collections.ConfigDict) -> losses.LossConfig:
+    a = config.rl
+    return losses.LossConfig(
+        algo="ppo" if config.algo == "ppo" else "grpo", aggregation=a.aggregation, clip_low=a.clip_low,
+        clip_high=a.clip_high, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, is_correction=a.is_correction,
+        is_cap=a.is_cap, value_coef=a.value_coef)
+
+
+def pipeline_config(config: ml_collections.ConfigDict) -> PipelineConfig:
+    t = config.train
+    return PipelineConfig(row_len=t.row_len, num_rows=t.batch_rows, groups_per_batch=config.rollout.groups_per_step,
+                          vocab_size=config.model.vocab_size, estimator=config.rl.estimator,
+                          aggregation=config.rl.aggregation, merge_generations=True, seed=config.seed)
+
+
+class Learner:
+    def __init__(self, config: ml_collections.ConfigDict):
+        if config.algo not in ALGOS:
+            raise ValueError(f"config.algo={config.algo!r}; known: {ALGOS}")
+        self.config = config
+        self.model_cfg = model_config(config)
+        self.mesh = make_mesh(config.mesh)
+        self.obj = TreeObjective(loss=loss_config(config), critic="head" if config.algo == "ppo" else "none",
+                                 logprob_chunk=config.train.logprob_chunk, temperature=1.0)
+        self.optimizer, _ = make_optimizer(config.optim)
+        self.critic_optimizer = None
+        init_fn = lambda r: Qwen3(self.model_cfg).init(r, *dummy_inputs())["params"]
+        critic_init = None
+        if self.obj.critic != "none":
+            self.critic_optimizer, _ = make_optimizer(config.critic_optim)
+            critic_init = lambda r: init_critic_params(self.model_cfg, self.obj, r)
+        self.init = StateInit(init_fn=init_fn, optimizer=self.optimizer, critic_init_fn=critic_init,
+                              critic_optimizer=self.critic_optimizer)
+        rules = self.model_cfg.logical_rules
+        self.state, self.shardings = init_train_state(self.init, self.mesh, rules, jax.random.PRNGKey(config.seed))
+        self.abstract = abstract_train_state(self.init, self.mesh, rules)
+        rows = NamedSharding(self.mesh, PartitionSpec(("data", "fsdp")))
+        kw = dict(optimizer=self.optimizer, state_shardings=self.shardings, batch_shardings=rows,
+                  critic_optimizer=self.critic_optimizer, num_microbatches=config.train.num_microbatches)
+        self._steps = {"rl": make_train_step(loss_fn=make_rl_loss_fn(self.model_cfg, self.obj), **kw),
+                       "sft": make_train_step(loss_fn=make_sft_loss_fn(self.model_cfg, self.obj), **kw)}
+        self._eval = make_eval_fn(self.model_cfg, self.obj)
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    def prepare(self, batch: StepBatch) -> dict[str, np.ndarray]:
+        """PPO: values from a no-grad pass -> GAE on the trees -> fresh node statistics + old_values."""
+        dev = dict(batch.device)
+        if self.config.algo != "ppo":
+            return dev
+        with jax.set_mesh(self.mesh):
+            out = self._eval(self.state.params, self.state.critic_params, dev)
+        T = dev["tokens"].shape[1]
+        values_BxT = scatter_slots(np.asarray(out["values"]), dev["loss_idx"], dev["loss_valid"], T)
+        stats = ppo_stats_from_values(batch.trees, batch.packed, values_BxT, gamma=self.config.rl.gamma,
+                                      lam=self.config.rl.lam, aggregation=self.config.rl.aggregation)
+        for k in ("weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "old_values"):
+            dev[k] = stats[k]
+        return dev
+
+    def train(self, batch: StepBatch, *, sft: bool = False) -> dict[str, float]:
+        dev = batch.device if sft else self.prepare(batch)
+        self.state, metrics = self._steps["sft" if sft else "rl"](self.state, dev)
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def params_copy(self):
+        """A copy of the policy params the engine may keep (the train step donates the state's buffers)."""
+        return jax.tree.map(lambda x: jnp.array(np.asarray(x)), self.state.params)
+
+    def restore(self, state) -> None:
+        self.state = state
