@@ -21,6 +21,7 @@ def _check(rep: dict, config) -> None:
     assert 0 <= rep["state_bytes_per_device"] - rep["alias_bytes"] < 1024
     assert 0 <= rep["argument_bytes"] - rep["alias_bytes"] - batch_bytes < 1024
     assert rep["temp_bytes"] > 0 and rep["peak_bytes"] > rep["argument_bytes"]
+    assert rep["largest_arrays"] and all(b > 0 for _, b in rep["largest_arrays"])
     assert rep["params_total"] == 30_532_122_624 or rep["num_layers"] < 48
 
 

@@ -48,6 +48,27 @@ def memory_report(compiled) -> dict:
     return rep
 
 
+_DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
+
+
+def largest_arrays(compiled, n: int = 6) -> list[tuple[str, int]]:
+    """The n largest distinct array shapes in the optimised per-device HLO, with their bytes.
+
+    Why: `temp_bytes` is one number; this says *what* dominates it (e.g. a compiler's lowering of a
+    grouped matmul), which is what one needs to act on a memory problem.
+    """
+    import re
+
+    sizes: dict[str, int] = {}
+    for m in re.finditer(r"\b(f64|f32|bf16|f16|s64|s32|u32|s8|u8|pred)\[([0-9,]+)\]", compiled.as_text()):
+        dims = [int(d) for d in m.group(2).split(",")]
+        nbytes = _DTYPE_BYTES[m.group(1)]
+        for d in dims:
+            nbytes *= d
+        sizes[m.group(0)] = nbytes
+    return sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
+
+
 def aot_compile(config, *, num_layers: int | None = None, devices=None) -> dict:
     """Lowers + compiles the SFT train step of `config` on its mesh; returns the memory report.
 
@@ -91,6 +112,7 @@ def aot_compile(config, *, num_layers: int | None = None, devices=None) -> dict:
         "params_total": counts.total,
         "params_active": counts.active,
         "tokens_per_step": config.train.batch_rows * config.train.row_len,
+        "largest_arrays": largest_arrays(compiled),
         "lower_s": round(t1 - t0, 2),
         "compile_s": round(t2 - t1, 2),
     }
@@ -109,7 +131,8 @@ def format_report(rep: dict) -> str:
     return (f"mesh {rep['mesh']} layers {rep['num_layers']}: per device peak {g('peak_bytes')} "
             f"(args {g('argument_bytes')}, temps {g('temp_bytes')}, outputs {g('output_bytes')}, "
             f"aliased {g('alias_bytes')}; state {g('state_bytes_per_device')}), "
-            f"lower {rep['lower_s']}s compile {rep['compile_s']}s")
+            f"lower {rep['lower_s']}s compile {rep['compile_s']}s; largest arrays: "
+            + ", ".join(f"{name} {b / GiB:.2f} GiB" for name, b in rep.get("largest_arrays", [])))
 
 
 def main(argv=None) -> None:
