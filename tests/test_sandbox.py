@@ -312,3 +312,22 @@ def test_docker_container_config_without_a_daemon(tmp_path):
     assert targets["/usr"]["ReadOnly"] and targets["/opt/x"]["ReadOnly"] and not targets["/workspace"]["ReadOnly"]
     assert targets["/run/hrl/shim.sock"]["Source"] == str(tmp_path / "s.sock")
     assert kw["command"][:4] == ["/usr/bin/python3", "-I", "-S", "/opt/hrl/forwarder.py"]
+
+
+def test_rlimit_fallback_caps_memory_without_cgroups(tmp_path):
+    """Hosts without writable cgroups: RLIMIT_AS stops the memory hog (MemoryError instead of the OOM killer)."""
+    from harness_env.sandbox.bwrap import BwrapBackend
+
+    b = BwrapBackend(mode="rlimit")
+    if not b.available()[0]:
+        pytest.skip("no bwrap")
+
+    async def go(sbx):
+        hog = await sbx.exec(["python3", "-c", "x = bytearray(1 << 30)"], timeout=30)
+        ok = await sbx.exec(["python3", "-c", "x = bytearray(1 << 20); print('small ok')"], timeout=30)
+        return sbx, hog, ok
+
+    sbx, hog, ok = _run(_with_sandbox(b, tmp_path, go, limits=Limits(memory_mb=256)))
+    assert hog.exit_code != 0 and "MemoryError" in hog.stderr, hog
+    assert ok.stdout.strip() == "small ok"
+    assert sbx.cgroup.dirs == [] and not list(pathlib.Path("/sys/fs/cgroup").glob(f"*/{LABEL}/{sbx.id}"))

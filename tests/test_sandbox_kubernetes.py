@@ -107,12 +107,12 @@ def test_lifecycle_create_exec_copy_close(tmp_path):
 
 
 def test_exec_timeout_deletes_the_pod(tmp_path):
-    api, ex = FakeApi(pending_polls=0), FakeExec(delay=2.0)
+    api, ex = FakeApi(pending_polls=0), FakeExec(delay=0.5)
     b = KubernetesBackend(api=api, exec_fn=ex, poll_s=0.001, reap=False)
 
     async def go():
         sbx = await b.create(_spec(tmp_path))
-        return sbx, await sbx.exec(["sleep", "100"], timeout=0.2)
+        return sbx, await sbx.exec(["sleep", "100"], timeout=0.1)
 
     sbx, res = asyncio.run(go())
     assert res.timed_out and res.exit_code == -9 and sbx.closed and api.deleted == [sbx.pod]
