@@ -181,7 +181,7 @@ def test_prefix_reuse_across_turns_and_between_slots(runner, params):
 
 
 def test_weight_update_drain_abort_and_versions(runner, params):
-    new_params = init_params(CFG, jax.random.PRNGKey(1))
+    new_params = jax.jit(lambda k: init_params(CFG, k))(jax.random.PRNGKey(1))
     prompt = prompt_of(12, 8)
 
     async def go():
@@ -200,6 +200,8 @@ def test_weight_update_drain_abort_and_versions(runner, params):
             await eng.update_weights(params, 2, on_update="abort")
             r_abort = [x async for x in stream][-1]
             back = await eng.generate(greedy_req(prompt, n=8))
+            # weight swaps never recompile the step functions
+            assert eng._fns.decode._cache_size() == 1 and eng._fns.prefill._cache_size() == 1
             return old, r_old, new, r_abort, back, eng.weight_version
         finally:
             await eng.close()
@@ -248,7 +250,7 @@ def test_pause_resume_cancel_and_context_errors(runner, params):
 
 def test_dense_tied_model_matches_full_forward():
     cfg = tiny_dense()
-    params = init_params(cfg, jax.random.PRNGKey(2))
+    params = jax.jit(lambda k: init_params(cfg, k))(jax.random.PRNGKey(2))
     req = GenerateRequest(prompt_of(19, 4), SamplingParams(temperature=0.9, seed=1, max_new_tokens=10),
                           return_routed_experts=True)
 

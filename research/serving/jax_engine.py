@@ -54,6 +54,13 @@ from research.serving.scheduler import SlotTable
 log = logging.getLogger(__name__)
 
 
+def _committed(params):
+    """Params explicitly placed (committed) where they are: jit caches key on commitment, and updates
+    are placed the same way, so a weight swap never triggers a recompile."""
+    dev = jax.devices()[0]
+    return jax.tree.map(lambda a: jax.device_put(a, a.sharding if isinstance(a, jax.Array) else dev), params)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     num_slots: int = 8
@@ -64,6 +71,7 @@ class EngineConfig:
     min_reuse: int = 1  # shortest cached prefix worth reusing
     queue_while_paused: bool = False
     retry_after_s: float = 1.0
+    warmup: bool = True  # compile the step functions when the engine starts, not on the first request
 
 
 @dataclasses.dataclass(eq=False)
@@ -86,15 +94,22 @@ class _Req:
     def prompt(self) -> list[int]:
         return self.req.prompt_ids
 
+    def send(self, item: object) -> None:
+        """Hands `item` to the caller's event loop; a caller whose loop is gone counts as cancelled."""
+        try:
+            self.emit(item)
+        except RuntimeError:  # "Event loop is closed"
+            self.cancelled = True
+
 
 class JaxEngine(Engine):
     def __init__(self, runner: ModelRunner, params, *, config: EngineConfig = EngineConfig(), weight_version: int = 0):
         if config.on_update not in ("drain", "abort"):
             raise ValueError(f"on_update must be 'drain' or 'abort', got {config.on_update!r}")
         self.runner, self.cfg = runner, config
-        self._params, self._version = params, weight_version
+        self._params, self._version = _committed(params), weight_version
         self._fns = StepFunctions.of(runner)
-        self._cache = runner.init_cache(config.num_slots, config.max_len + config.prefill_chunk)
+        self._cache = _committed(runner.init_cache(config.num_slots, config.max_len + config.prefill_chunk))
         self._slots = SlotTable(config.num_slots, min_reuse=config.min_reuse)
         self._active: dict[int, _Req] = {}  # slot -> request
         self._waiting: collections.deque[_Req] = collections.deque()
@@ -156,10 +171,20 @@ class JaxEngine(Engine):
         mode = on_update or self.cfg.on_update
         if mode not in ("drain", "abort"):
             raise ValueError(f"on_update must be 'drain' or 'abort', got {mode!r}")
+        params = self._like_current(params)
         if mode == "drain":
             await self._call(lambda: self._set_admitting(False))
             await self._until_idle()
         await self._call(lambda: self._swap(params, version))
+
+    def _like_current(self, params):
+        """New params placed and typed exactly like the served ones: a different sharding, commitment or
+        dtype would silently recompile every step function (seconds to minutes) on the next call."""
+        old = self._params
+        if jax.tree.structure(params) != jax.tree.structure(old):
+            raise ValueError("new params have a different tree structure than the served model")
+        cast = jax.tree.map(lambda n, o: np.asarray(n, o.dtype) if n.dtype != o.dtype else n, params, old)
+        return jax.device_put(cast, jax.tree.map(lambda o: o.sharding, old))
 
     async def flush_cache(self) -> None:
         await self._call(self._slots.flush)
@@ -219,7 +244,27 @@ class JaxEngine(Engine):
         await fut
 
     # ---------------------------------------------------------------- engine thread
+    def _warmup(self) -> None:
+        """Runs each step function once on slot 0 (free: nothing cached there yet) to compile it."""
+        zero_key = np.zeros(2, np.uint32)
+        B, C = self.cfg.num_slots, self.cfg.prefill_chunk
+        self._cache, *_ = self._fns.prefill(
+            self._params, self._cache, jnp.int32(0), np.zeros(C, np.int32), jnp.int32(0), jnp.int32(1),
+            jnp.float32(1.0), jnp.float32(1.0), jnp.int32(-1), zero_key, jnp.int32(0),
+        )
+        self._cache, *_ = self._fns.decode(
+            self._params, self._cache, np.zeros(B, np.int32), np.full(B, self.cfg.max_len, np.int32),
+            np.ones(B, np.float32), np.ones(B, np.float32), np.full(B, -1, np.int32), np.zeros((B, 2), np.uint32),
+            np.zeros(B, np.int32),
+        )
+        jax.block_until_ready(self._cache)
+
     def _run(self) -> None:
+        if self.cfg.warmup:
+            try:
+                self._warmup()
+            except Exception:
+                log.exception("engine warmup failed (compilation will happen on the first request)")
         while True:
             if not self._handle_commands():
                 break
@@ -287,7 +332,7 @@ class JaxEngine(Engine):
 
     def _fail_all(self, exc: BaseException) -> None:
         for r in list(self._active.values()) + list(self._waiting):
-            r.emit(exc)
+            r.send(exc)
             if r.slot >= 0:
                 self._release(r, keep=False)
         self._waiting.clear()
@@ -360,8 +405,10 @@ class JaxEngine(Engine):
         if r.req.return_routed_experts:
             r.experts.append(np.asarray(experts, np.int32))
         self.stats["generated_tokens"] += 1
-        r.emit(TokenChunk(token_ids=[tok], logprobs=[lp]))
-        if tok in r.req.sampling.stop_token_ids:
+        r.send(TokenChunk(token_ids=[tok], logprobs=[lp]))
+        if r.cancelled:
+            self._release(r, keep=True)
+        elif tok in r.req.sampling.stop_token_ids:
             self._finish(r, "stop")
         elif len(r.out) >= r.max_new:
             self._finish(r, "length")
@@ -371,7 +418,7 @@ class JaxEngine(Engine):
         if r.req.return_routed_experts and self.runner.routing_shape is not None:
             L, K = self.runner.routing_shape
             experts = np.stack(r.experts) if r.experts else np.zeros((0, L, K), np.int32)
-        r.emit(
+        r.send(
             GenerateResult(
                 token_ids=list(r.out), logprobs=list(r.logprobs), finish_reason=reason,
                 weight_version=r.version, routed_experts=experts, prompt_tokens=len(r.prompt),

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import numpy as np
 from aiohttp import web
@@ -368,14 +368,3 @@ class NativeServer:
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.engine.weight_version)})
-
-
-async def serve_forever(server: NativeServer, host: str, port: int, ready: Callable[[str], Awaitable[None]] | None
-                        = None) -> None:
-    url = await server.start(host, port)
-    if ready is not None:
-        await ready(url)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await server.stop()
