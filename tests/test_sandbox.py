@@ -331,3 +331,20 @@ def test_rlimit_fallback_caps_memory_without_cgroups(tmp_path):
     assert hog.exit_code != 0 and "MemoryError" in hog.stderr, hog
     assert ok.stdout.strip() == "small ok"
     assert sbx.cgroup.dirs == [] and not list(pathlib.Path("/sys/fs/cgroup").glob(f"*/{LABEL}/{sbx.id}"))
+
+
+def test_stdin_env_cwd_and_copy_in_a_file(backend, tmp_path):
+    (tmp_path / "ws" / "sub").mkdir(parents=True)
+    (tmp_path / "note.txt").write_text("copied")
+
+    async def go(sbx):
+        a = await sbx.exec(["sh", "-c", "cat; echo \" $FOO $(pwd) $HOME\""], stdin=b"piped", env={"FOO": "bar"},
+                           cwd="/workspace/sub")
+        await sbx.copy_in(tmp_path / "note.txt", "/workspace/sub/note.txt")
+        await sbx.copy_in(tmp_path / "note.txt", "/opt/extra/note.txt")
+        b = await sbx.exec(["cat", "sub/note.txt", "/opt/extra/note.txt"])
+        return a, b
+
+    a, b = _run(_with_sandbox(backend, tmp_path, go))
+    assert a.stdout.strip() == "piped bar /workspace/sub /home/agent", a
+    assert b.stdout == "copiedcopied" and (tmp_path / "ws" / "sub" / "note.txt").read_text() == "copied"

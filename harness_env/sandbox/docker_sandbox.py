@@ -140,10 +140,12 @@ class DockerSandbox(Sandbox):
         await asyncio.to_thread(self.container.put_archive, os.path.dirname(path), buf.getvalue())
 
     async def copy_in(self, src, dest: str) -> None:
+        """A tar of `src` whose member path is the whole destination, extracted at "/": docker creates
+        missing parent directories, which extracting next to the destination would not."""
         src = pathlib.Path(src)
-        data = await asyncio.to_thread(_tar_of, src, os.path.basename(dest.rstrip("/")))
+        data = await asyncio.to_thread(_tar_of, src, dest.strip("/"))
         try:
-            ok = await asyncio.to_thread(self.container.put_archive, os.path.dirname(dest.rstrip("/")) or "/", data)
+            ok = await asyncio.to_thread(self.container.put_archive, "/", data)
         except Exception as e:
             raise SandboxError(f"sandbox {self.id}: copy_in {src} -> {dest}: {e}") from e
         if not ok:
