@@ -279,7 +279,7 @@ def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool 
     seg, end = seg.astype(jnp.int32), end.astype(jnp.int32)
     bl = _block_lists(seg, end, bq, bk, causal, skip)
     nq, nk = Tp // bq, Tp // bk
-    qs = q * jnp.asarray(1.0 / math.sqrt(D), q.dtype)
+    qs = (q.astype(jnp.float32) * (1.0 / math.sqrt(D))).astype(q.dtype)  # one rounding for bf16 inputs
     qT = qs.reshape(B, nq, bq, K, G, D).transpose(0, 1, 3, 4, 2, 5).reshape(B * nq, K, G * bq, D)
     kT = k.reshape(B, nk, bk, K, D).transpose(0, 1, 3, 2, 4).reshape(B * nk, K, bk, D)
     vT = v.reshape(B, nk, bk, K, D).transpose(0, 1, 3, 2, 4).reshape(B * nk, K, bk, D)
