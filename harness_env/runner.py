@@ -138,8 +138,12 @@ class Runner:
             meta["attempts"] = attempt + 1
             try:
                 res = await self._attempt(spec, task, harness, meta)
-            except _Infra as e:
-                last = str(e)
+            except HarnessError as e:  # the adapter itself refused (bad config, unparsable output)
+                res = RolloutResult(**base, status="harness_error", message=str(e), meta=meta)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # _Infra, or anything unexpected: retried, never fatal for the run
+                last = str(e) if isinstance(e, _Infra) else f"{type(e).__name__}: {e}"
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
                 continue
             res.timings["total_s"] = time.monotonic() - t0
@@ -164,9 +168,12 @@ class Runner:
         rdir = self._rollout_dir(spec)
         shutil.rmtree(rdir, ignore_errors=True)
         workspace, home = rdir / "workspace", rdir / "home"
-        task.populate(workspace)
-        session = await self.gateway.open_session(spec.rollout_id, spec.group_id, harness.name,
-                                                  meta={"task_id": task.task_id, "sample": spec.sample})
+        try:
+            task.populate(workspace)
+            session = await self.gateway.open_session(spec.rollout_id, spec.group_id, harness.name,
+                                                      meta={"task_id": task.task_id, "sample": spec.sample})
+        except Exception as e:  # disk, or the shim is down: infrastructure
+            raise _Infra(f"opening the rollout: {type(e).__name__}: {e}") from e
         base["session_ids"] = [session.session_id]
         path = urlparse(session.base_url).path.rstrip("/")
         ctx = SessionContext(base_url=f"http://127.0.0.1:{self.cfg.shim_port}{path}", api_key=session.api_key,

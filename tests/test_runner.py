@@ -1,6 +1,7 @@
 """Runner end to end: reference harness in bwrap -> forwarder -> shim -> replay engine; bad inputs end
 with their named status; infra failures are retried, model failures are not; re-runs resume."""
 import asyncio
+import dataclasses
 import json
 import pathlib
 
@@ -33,6 +34,16 @@ class _Hang(_Shell):
 @register
 class _Crash(_Shell):
     name, script = "test_crash", "echo boom >&2; exit 3"
+
+
+@register
+class _BadConfig(_Shell):
+    name = "test_bad_config"
+
+    def argv(self, prompt, ctx):
+        from harness_env.harnesses.base import HarnessError
+
+        raise HarnessError("test_bad_config: no such model")
 
 
 @register
@@ -120,10 +131,13 @@ def test_bad_inputs_end_with_named_statuses_and_the_run_goes_on(shim, tmp_path):
     server, log = shim
     bad = _bad_tasks(tmp_path / "bad")
     good = family.write_task(tmp_path / "good", "notes.txt", "apple")
-    cfg = RunnerConfig(out_dir=tmp_path / "run", concurrency=4, timeout_s=1.5, progress=False,
+    cfg = RunnerConfig(out_dir=tmp_path / "run", concurrency=4, timeout_s=60, progress=False,
                        limits=Limits(memory_mb=512, pids=128))
-    specs = plan([*bad.values(), good], ["test_flaky_install"], 1) + plan([good], ["test_hang", "test_crash"], 1)
+    specs = plan([*bad.values(), good], ["test_flaky_install"], 1) + plan([good], ["test_crash"], 1)
     res = {r.rollout_id: r for r in _run(server, log, cfg, specs)}
+    # The hang gets its own short timeout (a loaded machine must not turn the others into timeouts).
+    hang_cfg = dataclasses.replace(cfg, out_dir=tmp_path / "run_hang", timeout_s=1.5)
+    res.update({r.rollout_id: r for r in _run(server, log, hang_cfg, plan([good], ["test_hang"], 1))})
     by = lambda task, h: res[f"{task}.{h}.0"]
     assert by("no_entry", "test_flaky_install").status == "task_error"
     assert "data_entry.json" in by("no_entry", "test_flaky_install").message
@@ -179,3 +193,36 @@ def test_reference_harness_in_docker_end_to_end(shim, tmp_path):
     results = _run(server, log, cfg, plan(tasks, ["reference"], 1))
     assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * 2, [r.message for r in results]
     assert sum(isinstance(r, CallRecord) for r in read_log(tmp_path / "capture.jsonl")) == 4
+
+
+def test_shim_hiccup_is_retried_and_adapter_errors_are_harness_errors(shim, tmp_path):
+    server, log = shim
+
+    class Flaky:  # the shim refuses the first session (e.g. restarting), then works
+        def __init__(self):
+            self.unix_socket, self.calls = server.unix_socket, 0
+
+        async def open_session(self, *a, **kw):
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionError("shim restarting")
+            return await server.open_session(*a, **kw)
+
+        async def close_session(self, sid):
+            return await server.close_session(sid)
+
+    good = family.write_task(tmp_path / "good", "notes.txt", "apple")
+    cfg = RunnerConfig(out_dir=tmp_path / "run", concurrency=1, timeout_s=60, progress=False)
+
+    async def go():
+        await server.start()
+        runner = Runner(cfg, Flaky(), capture_log=log)
+        try:
+            return await runner.run(plan([good], ["reference", "test_bad_config"], 1))
+        finally:
+            runner.close()
+            await server.stop()
+
+    ok, bad = asyncio.run(go())
+    assert ok.status == "ok" and ok.reward == 1.0 and ok.meta["attempts"] == 2
+    assert bad.status == "harness_error" and "no such model" in bad.message and bad.meta["attempts"] == 1
