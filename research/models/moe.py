@@ -11,7 +11,8 @@ Three interchangeable expert kernels, same math (``cfg.moe_impl``):
   reference; fine for tiny tests.
 - ``"auto"``: ragged on TPU/GPU, blocked on CPU.
 
-Expert parallelism (``cfg.expert_parallel``): experts are sharded over the ``expert`` mesh axis and the
+Expert parallelism (``cfg.expert_parallel``; used when an ambient mesh with an ``expert`` axis is set via
+``jax.set_mesh``, else the identical single-device math runs): experts are sharded over the ``expert`` mesh axis and the
 kernel runs under ``shard_map``: tokens are all-gathered over ``expert``, each shard runs only its local
 experts (others' assignments are sent to a sentinel group that is never computed), partial outputs are
 summed over ``tensor`` (the expert hidden dim is tensor-sharded) and reduce-scattered back over
@@ -147,8 +148,8 @@ def _mesh_axes(mesh, rule):
 def experts_expert_parallel(x_NxD, ids_NxK, w_NxK, wg, wu, wo, *, impl: str, batch_rule):
     """Expert-parallel dropless MoE under shard_map on the ambient mesh (see module docstring)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "expert" not in mesh.axis_names:
-        raise ValueError("expert_parallel=True needs an ambient mesh with an 'expert' axis (jax.set_mesh(mesh))")
+    if mesh.empty or "expert" not in mesh.axis_names:  # no mesh (init, eval_shape, 1 device): same math, local
+        return _IMPLS[impl](x_NxD, ids_NxK, w_NxK, wg, wu, wo)
     batch_axes = _mesh_axes(mesh, batch_rule)
     ep = mesh.shape["expert"]
     E = wg.shape[0]
