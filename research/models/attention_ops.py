@@ -331,12 +331,13 @@ def attend_on_mesh(
     *,
     segment_ids_BxT: Int[Array, "B T"],
     subtree_end_BxT: Int[Array, "B T"] | None = None,
-    batch_axes=("data", "fsdp"),
+    batch_axes=("data", "fsdp", "expert"),
     head_axes="tensor",
     **kwargs,
 ) -> Float[Array, "B T H D"]:
-    """``attend`` under ``shard_map`` on the ambient mesh: rows split over ``batch_axes``, kv heads (with
-    their query groups) over ``head_axes``.
+    """``attend`` under ``shard_map`` on the ambient mesh: rows split over ``batch_axes`` (default: the
+    "batch" rule of ``research.models.config.DEFAULT_RULES``), kv heads with their query groups over
+    ``head_axes``.
 
     Why: attention is independent per row and per kv head, but the kernel's block loops and key-block
     lookups are not something the SPMD partitioner can split (it would gather the whole batch onto every
