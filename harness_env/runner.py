@@ -185,13 +185,9 @@ class Runner:
                 await harness.prepare(home, ctx)
             except (HarnessError, OSError) as e:
                 return RolloutResult(**base, status="harness_error", message=f"prepare: {e}")
-            spec_ = SandboxSpec(workspace=workspace, home=home, limits=self.cfg.limits, name=spec.rollout_id,
-                                mounts=[Mount(str(p), str(p)) for p in harness.mounts()],
-                                shim_socket=pathlib.Path(sock) if (sock := self.gateway.unix_socket) else None,
-                                shim_port=self.cfg.shim_port, labels={"harness-rl.rollout": spec.rollout_id})
             t = time.monotonic()
             try:
-                sbx = await self.backend.create(spec_)
+                sbx = await self.backend.create(self._sandbox_spec(spec, harness, workspace, home))
             except SandboxError as e:
                 raise _Infra(str(e)) from e
             timings["sandbox_start_s"] = time.monotonic() - t
@@ -206,34 +202,46 @@ class Runner:
             session_open = False
             meta.update(calls=len(records), exit_code=res.exit_code, oom_killed=res.oom_killed)
             await asyncio.to_thread(harness.save_logs, home, res, rdir / "logs")
-            if res.timed_out:
-                return RolloutResult(**base, status="timeout", message=f"harness ran past {self.cfg.timeout_s:.0f}s")
-            outcome = harness.parse_output(res)
-            meta.update(num_turns=outcome.num_turns, final_message=outcome.final_message[-4000:],
-                        harness_meta=outcome.meta)
-            if not outcome.completed:
-                msg = outcome.error or "harness did not complete"
-                return RolloutResult(**base, status="harness_error", message=msg)
-            t = time.monotonic()
-            try:
-                reward, subs = await grade(sbx, task, outcome.final_message, _transcript(task, outcome),
-                                           timeout=self.cfg.reward_timeout_s)
-            except RewardError as e:
-                return RolloutResult(**base, status="reward_error", message=str(e))
-            except SandboxError as e:
-                raise _Infra(f"grading: {e}") from e
-            timings["reward_s"] = time.monotonic() - t
-            return RolloutResult(**base, status="ok", reward=reward, sub_scores=subs)
+            return await self._judge(sbx, task, harness, res, base)
         finally:
             if sbx is not None:
                 await sbx.close()
             if session_open:
                 try:
                     await self.gateway.close_session(session.session_id)
-                except KeyError:
+                except Exception:  # already closed, or the shim is gone: nothing left to release
                     pass
             if not self.cfg.keep_workspaces:
                 await asyncio.to_thread(shutil.rmtree, workspace, True)
+
+
+    def _sandbox_spec(self, spec: RolloutSpec, harness: Harness, workspace: pathlib.Path,
+                      home: pathlib.Path) -> SandboxSpec:
+        sock = self.gateway.unix_socket
+        return SandboxSpec(workspace=workspace, home=home, limits=self.cfg.limits, name=spec.rollout_id,
+                           mounts=[Mount(str(p), str(p)) for p in harness.mounts()],
+                           shim_socket=pathlib.Path(sock) if sock else None, shim_port=self.cfg.shim_port,
+                           labels={"harness-rl.rollout": spec.rollout_id})
+
+    async def _judge(self, sbx, task: Task, harness: Harness, res, base: dict) -> RolloutResult:
+        """The harness has exited: timeout / harness_error / reward_error / ok (graded only now)."""
+        if res.timed_out:
+            return RolloutResult(**base, status="timeout", message=f"harness ran past {self.cfg.timeout_s:.0f}s")
+        outcome = harness.parse_output(res)
+        base["meta"].update(num_turns=outcome.num_turns, final_message=outcome.final_message[-4000:],
+                            harness_meta=outcome.meta)
+        if not outcome.completed:
+            return RolloutResult(**base, status="harness_error", message=outcome.error or "harness did not complete")
+        t = time.monotonic()
+        try:
+            reward, subs = await grade(sbx, task, outcome.final_message, _transcript(task, outcome),
+                                       timeout=self.cfg.reward_timeout_s)
+        except RewardError as e:
+            return RolloutResult(**base, status="reward_error", message=str(e))
+        except SandboxError as e:
+            raise _Infra(f"grading: {e}") from e
+        base["timings"]["reward_s"] = time.monotonic() - t
+        return RolloutResult(**base, status="ok", reward=reward, sub_scores=subs)
 
 
 def _transcript(task: Task, outcome) -> list[dict]:
