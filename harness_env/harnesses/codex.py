@@ -39,7 +39,7 @@ class Codex(Harness):
     api = "openai_responses"
     package = NpmPackage("@openai/codex", "0.171.0", "node_modules/.bin/codex")
     shell_tool = "exec_command"
-    log_globs = (".codex/sessions/**/*.jsonl", ".codex/log/*")
+    log_globs = (".codex/sessions/**/*.jsonl",)
     max_retries = 2
 
     def config_toml(self, ctx: SessionContext) -> str:

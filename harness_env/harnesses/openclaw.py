@@ -36,7 +36,7 @@ class OpenClaw(Harness):
     package = NpmPackage("openclaw", "2026.9.6", "node_modules/.bin/openclaw")
     node = NODE24
     shell_tool = "exec"
-    log_globs = ("openclaw-state/**/*.jsonl", "openclaw-state/**/*.log")
+    log_globs = ("openclaw-state/agents/**/*.sqlite*",)  # the agent's session store (sqlite + wal)
     context_window = 32768
     max_tokens = 4096
     timeout_s = 600

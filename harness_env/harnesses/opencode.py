@@ -33,7 +33,7 @@ class OpenCode(Harness):
     api = "openai_chat"
     package = NpmPackage("opencode-ai", "1.18.33", "node_modules/.bin/opencode")
     shell_tool = "bash"
-    log_globs = (".local/share/opencode/log/*.log", ".local/share/opencode/storage/**/*.json")
+    log_globs = (".local/share/opencode/log/*.log", ".local/share/opencode/opencode.db*")  # sessions: sqlite+wal
 
     def config(self, ctx: SessionContext) -> dict:
         model = f"{PROVIDER}/{ctx.model}"
