@@ -31,7 +31,7 @@ def _write_log(path, n_groups, seed=0, hold_back=()):
 
 
 def _batches(ds):
-    return [{k: v for k, v in b.items() if k != "rejections"} for b in ds]
+    return [{k: v for k, v in b.items() if v.dtype != object} for b in ds]
 
 
 def test_seal_is_idempotent_and_only_finished_groups(tmp_path):
@@ -115,3 +115,18 @@ def test_bad_records_are_dropped_named_and_counted(tmp_path):
     good = [c for i, c in enumerate(calls) if i not in (0, 2, 4) and c.rollout_id != results[3].rollout_id]
     assert batch["count"].sum() == sum(len(c.completion_ids) for c in good)  # nothing else dropped
     assert set(device_batch(batch)) >= {"tokens", "weight", "norm"} and "rejections" not in device_batch(batch)
+
+
+def test_batch_carries_trees_for_ppo_gae(shards):
+    from research.trees.objective import ppo_stats_from_values
+
+    batch = next(iter(make_dataset(shards, CFG)))
+    trees = list(batch["trees"])
+    assert len(trees) == batch["num_groups"] == 2 and "trees" not in device_batch(batch)
+    # zero values, gamma = lam = 1: every action's advantage (and return) is its rollout's reward
+    out = ppo_stats_from_values(trees, batch, np.zeros(batch["tokens"].shape), gamma=1.0, lam=1.0,
+                                aggregation="token_mean")
+    total = sum(t.calls[c].reward for t in trees for c in t.occ_call)
+    assert out["adv_pos"].sum() + out["adv_neg"].sum() == pytest.approx(total, rel=1e-5)
+    assert out["ret_sum"].sum() == pytest.approx(total, rel=1e-5)
+    np.testing.assert_array_equal(out["weight"], batch["weight"])

@@ -11,7 +11,8 @@ Bad input never stops training and never takes good data with it: a call that fa
 with a message naming its rollout and call; a rollout without a reward drops its calls, each named;
 the messages and counts travel with the batch (`rejections`, `num_rejected`) for the metrics.
 GRPO-family advantages are computed here (rewards are known); for PPO with a critic the trainer
-recomputes the node statistics from GAE after a value forward pass (research.trees.targets.tree_gae).
+recomputes the node statistics from GAE after a value forward pass on the batch's `trees`
+(research.trees.objective.ppo_stats_from_values).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def pack_items(items: list[TreeItem], cfg: PipelineConfig) -> dict[str, np.ndarr
     out["num_rejected"] = np.asarray(len(rejections), np.int32)
     out["rejections"] = np.asarray(rejections, dtype=object)
     out["num_groups"] = np.asarray(len(trees), np.int32)
+    out["trees"] = np.empty(len(trees), dtype=object)  # host-only: PPO recomputes stats with GAE on them
+    out["trees"][:] = trees
     return out
 
 
@@ -112,4 +115,4 @@ def make_dataset(paths: list[str], cfg: PipelineConfig) -> grain.IterDataset:
 
 def device_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The array part a train step consumes (drops host-only bookkeeping like rejection messages)."""
-    return {k: v for k, v in batch.items() if k not in ("rejections",) and v.dtype != object}
+    return {k: v for k, v in batch.items() if v.dtype != object}
