@@ -37,7 +37,10 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
-    is_correction: str = "none"  # none | tis | mis: rollout (behaviour) vs pi_old mismatch
+    # pi_old defaults to the rollout (behaviour) log-probs. When the trainer recomputes pi_old (batch
+    # `old_logp`), the PG term is reweighted by rho = pi_old / pi_rollout: none | tis (min(rho, is_cap)) |
+    # mis (rho outside [mis_low, mis_high] masked). The k3 mismatch metric is reported regardless.
+    is_correction: str = "none"
     is_cap: float = 2.0  # TIS truncation
     mis_low: float = 0.5  # MIS keeps tokens with rho in [mis_low, mis_high]
     mis_high: float = 2.0
