@@ -66,12 +66,17 @@ def test_deterministic_given_seed(shards):
     assert any(not np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(a, c))
 
 
-def test_checkpoint_resume_gives_the_same_next_batches(shards):
+def test_checkpoint_resume_gives_the_same_next_batches(shards, tmp_path):
+    import orbax.checkpoint as ocp
+
     cfg = dataclasses.replace(CFG, num_epochs=None)
     it = iter(make_dataset(shards, cfg))
     next(it)
     next(it)
-    state = json.loads(json.dumps(it.get_state()))  # orbax JsonSave-compatible
+    with ocp.CheckpointManager(tmp_path / "ck", item_names=("data",)) as mgr:  # as research/train/checkpoint
+        mgr.save(2, args=ocp.args.Composite(data=ocp.args.JsonSave(it.get_state())))
+        mgr.wait_until_finished()
+        state = mgr.restore(2, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
     expected = [next(it) for _ in range(3)]
     it2 = iter(make_dataset(shards, cfg))
     it2.set_state(state)
