@@ -17,7 +17,7 @@ from research.serving.jax_engine import EngineConfig, JaxEngine
 from research.serving.qwen3_runner import Qwen3Runner
 
 CFG = tiny_moe()
-ECFG = EngineConfig(num_slots=4, max_len=96, prefill_chunk=16)
+ECFG = EngineConfig(num_slots=4, max_len=96, prefill_chunk=16, decode_buckets=(2, 4))
 
 
 REF_LEN = 128  # every reference forward is padded to this length: one compilation per model config
@@ -128,7 +128,7 @@ def test_batched_requests_match_full_forward_and_solo_runs(runner, params):
                                                                                              abs=1e-5)
     assert solo[1].token_ids == batched[4].token_ids  # same seed -> same sample, whatever the batch
     # Compiled once per shape, whatever joined or left.
-    assert eng._fns.decode._cache_size() == 1 and eng._fns.prefill._cache_size() == 1
+    assert eng._fns.decode._cache_size() == 2 and eng._fns.prefill._cache_size() == 1
 
 
 def test_stop_token_is_included_and_ends_generation(runner, params):
@@ -201,7 +201,7 @@ def test_weight_update_drain_abort_and_versions(runner, params):
             r_abort = [x async for x in stream][-1]
             back = await eng.generate(greedy_req(prompt, n=8))
             # weight swaps never recompile the step functions
-            assert eng._fns.decode._cache_size() == 1 and eng._fns.prefill._cache_size() == 1
+            assert eng._fns.decode._cache_size() == 2 and eng._fns.prefill._cache_size() == 1
             return old, r_old, new, r_abort, back, eng.weight_version
         finally:
             await eng.close()

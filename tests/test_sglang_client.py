@@ -30,7 +30,7 @@ from research.serving.jax_engine import EngineConfig
 from research.serving.native_server import SGLANG_SAMPLING_KEYS, NativeServer
 from research.serving.sglang_client import SGLangClient, decode_routed_experts, sampling_params_json
 
-ECFG = EngineConfig(num_slots=4, max_len=64, prefill_chunk=16)
+ECFG = EngineConfig(num_slots=4, max_len=64, prefill_chunk=16, decode_buckets=(4,))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

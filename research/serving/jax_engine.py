@@ -72,6 +72,17 @@ class EngineConfig:
     queue_while_paused: bool = False
     retry_after_s: float = 1.0
     warmup: bool = True  # compile the step functions when the engine starts, not on the first request
+    # Decode runs on the first k slots, k the smallest bucket covering every decoding slot: one request
+    # does not pay for 32 slots. () = powers of two up to num_slots (one compilation each).
+    decode_buckets: tuple[int, ...] = ()
+
+    def buckets(self) -> tuple[int, ...]:
+        if self.decode_buckets:
+            if max(self.decode_buckets) != self.num_slots:
+                raise ValueError(f"decode_buckets {self.decode_buckets} must end at num_slots={self.num_slots}")
+            return tuple(sorted(set(self.decode_buckets)))
+        out = [b for b in (1 << i for i in range(self.num_slots.bit_length())) if b < self.num_slots]
+        return (*out, self.num_slots)
 
 
 @dataclasses.dataclass(eq=False)
@@ -247,16 +258,17 @@ class JaxEngine(Engine):
     def _warmup(self) -> None:
         """Runs each step function once on slot 0 (free: nothing cached there yet) to compile it."""
         zero_key = np.zeros(2, np.uint32)
-        B, C = self.cfg.num_slots, self.cfg.prefill_chunk
+        C = self.cfg.prefill_chunk
         self._cache, *_ = self._fns.prefill(
             self._params, self._cache, jnp.int32(0), np.zeros(C, np.int32), jnp.int32(0), jnp.int32(1),
             jnp.float32(1.0), jnp.float32(1.0), jnp.int32(-1), zero_key, jnp.int32(0),
         )
-        self._cache, *_ = self._fns.decode(
-            self._params, self._cache, np.zeros(B, np.int32), np.full(B, self.cfg.max_len, np.int32),
-            np.ones(B, np.float32), np.ones(B, np.float32), np.full(B, -1, np.int32), np.zeros((B, 2), np.uint32),
-            np.zeros(B, np.int32),
-        )
+        for B in self.cfg.buckets():
+            self._cache, *_ = self._fns.decode(
+                self._params, self._cache, np.zeros(B, np.int32), np.full(B, self.cfg.max_len, np.int32),
+                np.ones(B, np.float32), np.ones(B, np.float32), np.full(B, -1, np.int32),
+                np.zeros((B, 2), np.uint32), np.zeros(B, np.int32),
+            )
         jax.block_until_ready(self._cache)
 
     def _run(self) -> None:
@@ -380,7 +392,8 @@ class JaxEngine(Engine):
         decoding = [r for r in self._active.values() if r.filled == len(r.prompt) and r.out]
         if not decoding:
             return False
-        B, scratch = self.cfg.num_slots, self.cfg.max_len
+        top = max(r.slot for r in decoding) + 1
+        B, scratch = next(b for b in self.cfg.buckets() if b >= top), self.cfg.max_len
         tokens, positions = np.zeros(B, np.int32), np.full(B, scratch, np.int32)
         temp, top_p = np.ones(B, np.float32), np.ones(B, np.float32)
         top_k, steps = np.full(B, -1, np.int32), np.zeros(B, np.int32)
