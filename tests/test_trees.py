@@ -2,11 +2,13 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from research.capture import CallRecord, RolloutResult
 from research.trees import synthetic
 from research.trees.builder import build_tree
-from research.trees.packing import best_fit, pack_trees
+from research.trees.packing import best_fit, pack_routed_experts, pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
 
 
@@ -95,3 +97,47 @@ def test_root_path_longer_than_row_is_a_clear_error():
     s = node_stats(t, occ_adv=np.ones(1), agg_name="token_mean")
     with pytest.raises(ValueError, match="root path of 17 tokens in one row, longer than row length 16"):
         pack_trees([t], [s], [1.0], row_len=16)
+
+
+def test_routed_experts_follow_their_nodes():
+    rng = np.random.default_rng(5)
+    trees = [build_tree(*synthetic.make_group(rng, group_id=f"g{i}", sessions=2, turns=2, routed_shape=(3, 2)))
+             for i in range(2)]
+    stats = [node_stats(t, occ_adv=np.zeros(len(t.occ_node)), agg_name="token_mean") for t in trees]
+    packed = pack_trees(trees, stats, [1.0, 1.0], row_len=90)
+    routed = pack_routed_experts(trees, packed)
+    assert routed.shape == packed["tokens"].shape + (3, 2)
+    gen = np.zeros(packed["tokens"].shape, bool)
+    for t, tree in enumerate(trees):
+        sel = packed["tree_id"] == t
+        gen[sel] = tree.is_generated()[packed["node_id"][sel]]
+    assert (routed[gen] >= 0).all() and (routed[~gen] == -1).all()
+
+
+_seq = st.lists(st.integers(1, 3), min_size=1, max_size=5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), _seq, _seq, st.booleans()), min_size=1, max_size=6),
+       st.integers(12, 40))
+def test_property_calls_are_root_paths_and_packing_is_exact(spec, row_len):
+    calls = [_call(f"r{r}", k, [9, *p], c, [-0.5 if same else -0.25 * (k + 1)] * len(c))
+             for k, (r, p, c, same) in enumerate(spec)]
+    rids = sorted({c.rollout_id for c in calls})
+    t = build_tree(calls, [_res(r, float(i)) for i, r in enumerate(rids)])
+    for info, c in zip(t.calls, sorted(calls, key=lambda c: (c.rollout_id, c.session_id, c.call_index))):
+        assert t.tokens[t.path(info.end_node)].tolist() == [*c.prompt_ids, *c.completion_ids]
+    ordered = sorted(calls, key=lambda c: (c.rollout_id, c.session_id, c.call_index))
+    for n, ci, k in zip(t.occ_node, t.occ_call, t.occ_pos):
+        call = ordered[ci]
+        assert t.tokens[n] == call.completion_ids[k] and t.depth[n] == len(call.prompt_ids) + k
+    s = node_stats(t, occ_adv=np.ones(len(t.occ_node)), agg_name="token_mean")
+    packed = pack_trees([t], [s], [1.0], row_len=row_len)
+    owned = np.zeros(t.num_nodes, int)
+    for b in range(packed["tokens"].shape[0]):
+        row = {k: v[b] for k, v in packed.items()}
+        for i in np.nonzero(row["segment_ids"])[0]:
+            path = t.path(row["node_id"][i])
+            assert _visible_tokens(row, i) == (t.tokens[path].tolist(), t.depth[path].tolist())
+            owned[row["node_id"][i]] += row["own"][i]
+    assert (owned == 1).all() and packed["count"].sum() == len(t.occ_node)

@@ -132,7 +132,7 @@ def pack_routed_experts(trees: list[GroupTree], packed: dict[str, np.ndarray]) -
         return None
     L, K = trees[0].routed_experts.shape[1:]
     out = np.full(packed["tokens"].shape + (L, K), -1, np.int32)
-    rows, cols = np.nonzero(packed["tree_id"] >= 0)
-    for r, c in zip(rows, cols):
-        out[r, c] = trees[packed["tree_id"][r, c]].routed_experts[packed["node_id"][r, c]]
+    for t, tree in enumerate(trees):
+        sel = packed["tree_id"] == t
+        out[sel] = tree.routed_experts[packed["node_id"][sel]]
     return out
