@@ -65,6 +65,7 @@ class Checkpointer:
             save_interval_steps=save_every,
             max_to_keep=keep,
             create=True,
+            cleanup_tmp_directories=True,  # a save killed mid-write leaves a tmp dir: removed on restart
             enable_async_checkpointing=async_save,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "meta"))
