@@ -72,6 +72,8 @@ class OpenCode(Harness):
             "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
             "OPENCODE_DISABLE_CLAUDE_CODE": "1",
             "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+            # It npm-installs @opencode-ai/plugin into its config dir at start; offline: no registry call.
+            "npm_config_offline": "true",
             "XDG_CONFIG_HOME": f"{ctx.home}/.config",
             "XDG_DATA_HOME": f"{ctx.home}/.local/share",
             "XDG_CACHE_HOME": f"{ctx.home}/.cache",
