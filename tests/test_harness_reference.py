@@ -55,6 +55,10 @@ def test_reference_runs_tools_and_finishes(tmp_path: pathlib.Path):
     assert outcome.completed and outcome.final_message == "wrote hello.txt"
     assert outcome.num_turns == 3
     assert outcome.meta["tool_calls"] == ["write_file", "bash", "finish"]
+    tr = outcome.meta["transcript"]  # for chat-graded checkers: user, then assistant/tool turns
+    assert tr[0] == {"role": "user", "content": "make hello.txt"}
+    assert [m["role"] for m in tr[1:3]] == ["assistant", "tool"]
+    assert tr[-1]["tool_call_id"] and len(tr) == 7
     assert (tmp_path / "workspace" / "hello.txt").read_text() == "hi there\n"
     # The bash result went back to the model as a tool message with the real output.
     last = mock.requests[-1]["body"]["messages"]

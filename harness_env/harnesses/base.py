@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 import json
 import pathlib
+import pkgutil
 import shutil
 from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol
@@ -209,12 +210,16 @@ def register(cls: type[Harness]) -> type[Harness]:
 
 
 BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw")
+# Modules of this package that are infrastructure, not adapters.
+_NOT_ADAPTERS = {"base", "install", "local", "mock_endpoint", "scripted", "reference_agent"}
 
 
 def _load_builtin() -> None:
-    # Imported for their @register side effect; here (not at module top) to avoid import cycles.
-    for mod in BUILTIN:
-        importlib.import_module(f"harness_env.harnesses.{mod}")
+    """Imports every adapter module of this package for its @register side effect, so adding a harness
+    is one new file here. (Here, not at module top, to avoid import cycles.)"""
+    for mod in pkgutil.iter_modules([str(pathlib.Path(__file__).parent)]):
+        if not mod.name.startswith("_") and mod.name not in _NOT_ADAPTERS:
+            importlib.import_module(f"harness_env.harnesses.{mod.name}")
 
 
 def get_harness(name: str) -> Harness:

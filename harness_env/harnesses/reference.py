@@ -62,7 +62,8 @@ class ReferenceHarness(Harness):
         return HarnessOutcome(
             completed=ok, exit_code=result.exit_code, final_message=str(final.get("final_message", "")),
             error=error, num_turns=int(final.get("turns", len(turns))),
-            meta={"tool_calls": [n for e in turns for n in e.get("tool_calls", [])]},
+            meta={"tool_calls": [n for e in turns for n in e.get("tool_calls", [])],
+                  "transcript": final.get("transcript") if isinstance(final.get("transcript"), list) else None},
         )
 
     def shell_call(self, command: str) -> dict:

@@ -160,11 +160,13 @@ def main(argv=None):
                 status = "completed"
                 break
     except ModelError as e:
-        emit({"type": "result", "status": "error", "error": str(e), "turns": turns, "final_message": final})
+        emit({"type": "result", "status": "error", "error": str(e), "turns": turns, "final_message": final,
+              "transcript": messages[1:]})
         return 2
     finally:
         transcript.close()
-    emit({"type": "result", "status": status, "turns": turns, "final_message": final})
+    # The transcript (without the system prompt) goes to chat-graded checkers.
+    emit({"type": "result", "status": status, "turns": turns, "final_message": final, "transcript": messages[1:]})
     return 0 if status == "completed" else 3
 
 
