@@ -3,20 +3,28 @@
 The dims are written here (not read from a file) so the config is self-contained; tests cross-check
 them against `../shared/qwen3/config.json` (the HF config of Qwen/Qwen3-30B-A3B).
 
-Targets (`arg`), both validated here by AOT-compiling the train step on fake CPU devices:
+Targets (`arg`), both validated by AOT-compiling the train step on fake CPU devices
+(tests/test_train_aot.py; measured per-device numbers in brackets):
 
-  gpu  one 8x H100/H200 host: mesh (data=1, fsdp=1, expert=8, tensor=1). Experts (97% of the params)
-       are split 8 ways by expert parallelism (16 experts per GPU, tokens exchanged inside the MoE
-       block); attention/embeddings (1.5B) are replicated. Rows: 8 x 8192 tokens per step.
+  gpu  one 8x H200 host (141 GB each): mesh (data=1, fsdp=1, expert=8, tensor=1). Experts (95% of the
+       params) are split 8 ways by expert parallelism (16 experts per GPU, tokens exchanged inside the
+       MoE block); attention/embeddings (1.54B) are replicated. Rows: 8 x 8192 tokens per step.
+       [params + Adam state 57.7 GiB/GPU; + fp32 grads ~19 GiB; activations with full remat are small.]
+       8x H100 (80 GB) does NOT fit this way: use two hosts with the `tpu` mesh shape (16 devices) or
+       `--config.optim.mu_dtype=bfloat16`.
   tpu  TPU v5p-32 slice (16 chips, 95 GB HBM each): mesh (data=1, fsdp=2, expert=8, tensor=1); every
        matrix is also FSDP-sharded over 2, experts over expert x fsdp = 16. Rows: 16 x 8192 tokens.
+       [params + Adam state 28.9 GiB/chip.]
 
-fp32 master weights and Adam moments (16 bytes/param: 488 GB for 30.5B before activations), bf16
-compute, full remat per layer, chunked fused-head log-probs. Per-device memory from XLA's compiled
-`memory_analysis()` is printed by:
+fp32 master weights and Adam moments (12 bytes/param; 16 with fp32 grads: 488 GB for 30.5B before
+activations), bf16 compute, full remat per layer, chunked fused-head log-probs. XLA's compiled
+`memory_analysis()` per device (args/temps/peak + the largest arrays) is printed by:
 
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu   # needs 16 (fake) devices
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu --fake_devices=8
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu --fake_devices=16
+
+On XLA:CPU the temps are dominated by CPU lowerings of the grouped expert matmul (ragged_dot becomes
+per-expert dense [experts, assignments, D] arrays), so only the state numbers transfer to GPU/TPU.
 
 (The RL launcher `python -m launch.train --config=configs/qwen3_30b_a3b_gpu.py` builds on this file.)
 """
