@@ -77,7 +77,7 @@ def test_slots_are_independent_and_reusable():
 
 
 def test_decode_routing_replay():
-    cfg = tiny_moe()
+    cfg = tiny_moe(num_layers=3, mlp_only_layers=(1,))  # two layer runs: the cache holds one stack per run
     p = init_params(cfg, jax.random.key(4))
     cache = init_cache(cfg, 1, 8)
     lg, cache, routed = prefill(p, cfg, cache, jnp.array([[1, 2, 3]]), jnp.array([3]))
@@ -89,3 +89,4 @@ def test_decode_routing_replay():
     _, cache4, _ = prefill(p, cfg, cache4, jnp.array([[1, 2, 3]]), jnp.array([3]))
     lg4, _, _ = decode_step(p, cfg, cache4, jnp.array([4]), jnp.array([3]), expert_ids_BxLxK=(r3 + 1) % 8)
     assert float(jnp.abs(lg4 - lg3).max()) > 1e-4
+    np.testing.assert_allclose(lg3[0], _full_logits(p, cfg, [1, 2, 3, 4])[-1], atol=1e-5)

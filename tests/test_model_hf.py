@@ -91,6 +91,21 @@ def test_export_sharded_then_transformers_loads_same_logits(hf_dir, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_load_straight_into_shards(hf_dir):
+    from research.models.sharding import make_mesh, param_shardings
+
+    path, _, _ = hf_dir
+    cfg = ModelConfig.from_hf_config(path, dtype="float32")
+    mesh = make_mesh(data=1, fsdp=2, expert=2, tensor=2)
+    sharded, _ = load_hf(path, cfg, shardings=param_shardings(cfg, mesh))
+    plain, _ = load_hf(path, cfg)
+    q = sharded["layers_0"]["attn"]["q_proj"]
+    assert q.sharding.mesh.shape == mesh.shape and len(q.addressable_shards) == 8
+    assert q.addressable_shards[0].data.shape == (q.shape[0], q.shape[1] // 2, q.shape[2] // 2, q.shape[3])
+    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(plain)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_bf16_checkpoint_loads_into_fp32(hf_dir, tmp_path):
     path, _, _ = hf_dir
     params, cfg = load_hf(path, ModelConfig.from_hf_config(path, dtype="float32"))
