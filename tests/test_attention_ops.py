@@ -220,9 +220,14 @@ def test_unknown_impl():
         ao.attend(q, k, v, segment_ids_BxT=jnp.ones((1, 8), jnp.int32), impl="flash")
 
 
-def test_attend_on_mesh_equals_single_device():
+def _mesh():
+    return jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+
+
+@pytest.mark.parametrize("fn", [ao.attend_on_mesh, ao.attend])
+def test_attend_on_mesh_equals_single_device(fn):
     """8 fake devices, rows over (data, fsdp) and kv heads over tensor: same values and gradients."""
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+    mesh = _mesh()
     B, T, H, K, D = 4, 48, 4, 2, 8
     seg, _, end, _ = random_rows(11, B, T)
     seg, end = jnp.asarray(seg), jnp.asarray(end)
@@ -230,7 +235,7 @@ def test_attend_on_mesh_equals_single_device():
     g_ref, out_ref = _grads("reference", q, k, v, seg, end)
 
     def f(q, k, v):
-        out = ao.attend_on_mesh(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, block_q=16, block_k=16)
+        out = fn(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, block_q=16, block_k=16)
         return jnp.sum(out * jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)), out
 
     with jax.set_mesh(mesh):
@@ -240,4 +245,24 @@ def test_attend_on_mesh_equals_single_device():
         (g, out) = step(q, k, v)
     assert " all-gather(" not in hlo and " all-reduce(" not in hlo  # each device: its own rows and heads
     chex.assert_trees_all_close(out, out_ref, atol=1e-5)
+    chex.assert_trees_all_close(g, g_ref, atol=1e-5)
+
+
+def test_auto_inside_a_users_shard_map():
+    """Already split by the caller (manual axes): auto must not nest another shard_map."""
+    B, T, H, K, D = 4, 32, 2, 1, 8
+    seg, _, end, _ = random_rows(12, B, T)
+    seg, end = jnp.asarray(seg), jnp.asarray(end)
+    q, k, v = qkv(6, B, T, H, K, D)
+    ref = ao.attend(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, impl="reference")
+    P = jax.sharding.PartitionSpec
+    rows, heads = P("data"), P("data", None, None, None)
+    local = lambda q, k, v, s, e: ao.attend(q, k, v, segment_ids_BxT=s, subtree_end_BxT=e, block_q=8, block_k=8)
+    g_ref, _ = _grads("reference", q, k, v, seg, end)
+    w = jnp.sin(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
+    with jax.set_mesh(_mesh()):
+        split = jax.shard_map(local, in_specs=(heads, heads, heads, rows, rows), out_specs=heads)
+        out = jax.jit(split)(q, k, v, seg, end)
+        g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(split(q, k, v, seg, end) * w), argnums=(0, 1, 2)))(q, k, v)
+    chex.assert_trees_all_close(out, ref, atol=1e-5)
     chex.assert_trees_all_close(g, g_ref, atol=1e-5)

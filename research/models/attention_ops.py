@@ -19,7 +19,9 @@ Implementations (``impl=``):
   diagonal blocks and below, of the same segment, are visited.
 - ``"dense_blocks"``: the blockwise kernel with skipping disabled (every key block visited, masked per
   element): the no-skipping baseline of ``research/benchmarks/attention.py``.
-- ``"auto"``: ``"blockwise"``.
+- ``"auto"``: ``"blockwise"``, and under an ambient mesh (``jax.set_mesh``) via ``attend_on_mesh``: rows
+  over the batch axes and kv heads over ``tensor`` in a ``shard_map`` (the SPMD partitioner cannot split
+  the kernel's block loops and would all-gather the batch onto every device).
 
 Mapping to accelerators. On TPU the same (visibility-list, per-block mask) structure is exactly what
 splash attention consumes: ``jax.experimental.pallas.ops.tpu.splash_attention`` takes a block mask plus a
@@ -169,6 +171,19 @@ def _kv_block(bl: _Blocks, kT, vT, kj):
     return kT[kj], vT[kj], (bl.seg_k[kj], bl.idx_k[kj], bl.end_k[kj])
 
 
+def _zeros(like, *sources):
+    """fp32 zeros shaped like ``like`` that vary over the same shard_map axes as all ``sources``.
+
+    Loop carries must start with the manual-axis type (vma) their bodies produce, or ``fori_loop`` inside a
+    user's ``shard_map`` (check_vma=True) fails. ``zeros_like`` keeps an array's vma without touching its
+    values (no 0 * inf = NaN).
+    """
+    z = jnp.zeros_like(like, jnp.float32)
+    for src in sources:
+        z = z + jnp.zeros_like(src.reshape(-1)[0], jnp.float32)
+    return z
+
+
 def _two_loops(n_full, count, make_body, init):
     """Run the unmasked body over the fully visible pairs, then the masked body over the partial ones."""
     carry = jax.lax.fori_loop(0, n_full, make_body(False), init)
@@ -200,7 +215,8 @@ def _flash_fwd_impl(qT, kT, vT, bl: _Blocks, groups: int):
 
             return body
 
-        init = (jnp.full((K, GQ), _NEG, jnp.float32), jnp.zeros((K, GQ), jnp.float32), jnp.zeros((K, GQ, D)))
+        z = _zeros(q_blk, qT, kT, vT, *bl)
+        init = (z[..., 0] + _NEG, z[..., 0], z)
         m, l, acc = _two_loops(n_full, count, make_body, init)
         out = acc / jnp.where(l > 0, l, 1.0)[..., None]
         lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0)
@@ -235,11 +251,11 @@ def _flash_bwd_impl(qT, kT, vT, bl: _Blocks, outT, lse, doT, groups: int):
 
             return body
 
-        dq0 = jnp.zeros(q_blk.shape, jnp.float32)
+        dq0 = _zeros(q_blk, qT, kT, vT, doT, *bl)
         dq, dk_all, dv_all = _two_loops(n_full, count, make_body, (dq0, *carry))
         return (dk_all, dv_all), dq
 
-    zeros_kv = jnp.zeros(kT.shape, jnp.float32)
+    zeros_kv = _zeros(kT, qT, vT, doT, *bl)
     xs = (qT, doT, lse, delta, bl.seg_q, bl.idx_q, bl.kidx, bl.n_full, bl.count)
     (dk, dv), dq = jax.lax.scan(per_query_block, (zeros_kv, zeros_kv), xs)
     return dq.astype(qT.dtype), dk.astype(kT.dtype), dv.astype(vT.dtype)
@@ -304,7 +320,18 @@ def attend(
         subtree_end_BxT = segment_subtree_end(segment_ids_BxT)
     if impl == "reference":
         return _reference(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, visibility_mask(segment_ids_BxT, subtree_end_BxT))
-    if impl in ("auto", "blockwise", "causal", "dense_blocks"):
+    if impl == "auto":
+        return attend_on_mesh(
+            q_BxTxHxD,
+            k_BxTxKxD,
+            v_BxTxKxD,
+            segment_ids_BxT=segment_ids_BxT,
+            subtree_end_BxT=subtree_end_BxT,
+            impl="blockwise",
+            block_q=block_q,
+            block_k=block_k,
+        )
+    if impl in ("blockwise", "causal", "dense_blocks"):
         return _blockwise(
             q_BxTxHxD,
             k_BxTxKxD,
@@ -348,7 +375,7 @@ def attend_on_mesh(
         subtree_end_BxT = segment_subtree_end(segment_ids_BxT)
     run = functools.partial(attend, **kwargs)
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if mesh.empty or mesh.manual_axes:  # no mesh, or already inside a shard_map: the caller split the work
         return run(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT=segment_ids_BxT, subtree_end_BxT=subtree_end_BxT)
     b_axes, h_axes = _live_axes(mesh, batch_axes), _live_axes(mesh, head_axes)
     if q_BxTxHxD.shape[0] % math.prod(mesh.shape[a] for a in b_axes):
