@@ -12,8 +12,9 @@ causal sequence. Measured per T:
   speedup_T       = flat step time / tree step time for one pass over the group. The tree view is
                     timed in full; the flat view (tens of times more rows) is timed on `flat_steps`
                     steps and scaled by its step count (steps have a fixed shape, rows are alike);
-  loss_rel_diff_T = |loss_flat - loss_tree| / |loss_flat| on exactly the calls of those timed flat
-                    steps (their tree vs their flat rows, same params, advantages from the full group).
+  loss_rel_diff_T = |loss_flat - loss_tree| / |loss_flat| on the first `loss_calls` calls of the group
+                    (spanning sessions 0, 1, ...: their tree vs their flat rows, same params, advantages
+                    from the full group), forward only.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _timed(step, state, batches):
     return state, time.perf_counter() - t0
 
 
-def _one(turns: int, *, sessions, prefix, gen, tool, scale, rows, flat_steps, seed, cfg, step, state, loss_eval):
+def _one(turns: int, *, sessions, prefix, gen, tool, scale, rows, flat_steps, loss_calls, seed, cfg, step, state,
+         loss_eval):
     rng = np.random.default_rng(seed)
     gl = tuple(max(1, int(g * scale)) for g in gen)
     tl = tuple(max(1, int(t * scale)) for t in tool)
@@ -93,9 +95,8 @@ def _one(turns: int, *, sessions, prefix, gen, tool, scale, rows, flat_steps, se
     measured = flat_all[:flat_steps]
     state, flat_s = _timed(step, state, measured)
     flat_s_total = flat_s / len(measured) * len(flat_all)
-    # loss on exactly the calls of the timed flat steps: their tree vs their flat rows, same params
-    ids = flat_packed["tree_id"][: len(measured) * rows]
-    sub = sorted(int(i) for i in np.unique(ids) if i >= 0)
+    # loss on the first `loss_calls` calls (rollout 0's session first): their tree vs their flat rows
+    sub = list(range(min(loss_calls, len(flat_calls))))
     sub_tree = build_tree([flat_calls[i] for i in sub], results)
     sub_flat = [flat[i] for i in sub]
     loss_tree = sum(float(loss_eval(state.params, b)) for b in _steps(_pack([sub_tree], adv_of, row_len), rows))
@@ -114,7 +115,7 @@ def _one(turns: int, *, sessions, prefix, gen, tool, scale, rows, flat_steps, se
 
 
 def run(turns=(10, 20, 40), sessions: int = 8, prefix: int = 2048, gen=(50, 500), tool=(50, 500),
-        scale: float = 0.05, rows: int = 1, flat_steps: int = 2, seed: int = 0) -> dict:
+        scale: float = 0.05, rows: int = 1, flat_steps: int = 2, loss_calls: int = 24, seed: int = 0) -> dict:
     turns = [turns] if isinstance(turns, int) else list(turns)
     cfg = tiny_moe()
     obj = TreeObjective(loss=losses.LossConfig(aggregation=AGG))
@@ -130,7 +131,8 @@ def run(turns=(10, 20, 40), sessions: int = 8, prefix: int = 2048, gen=(50, 500)
         step = make_train_step(loss_fn=loss_fn, optimizer=opt, state_shardings=shardings,
                                batch_shardings=NamedSharding(mesh, PartitionSpec()))
         _, res = _one(t, sessions=sessions, prefix=prefix, gen=gen, tool=tool, scale=scale, rows=rows,
-                      flat_steps=flat_steps, seed=seed, cfg=cfg, step=step, state=state, loss_eval=loss_eval)
+                      flat_steps=flat_steps, loss_calls=loss_calls, seed=seed, cfg=cfg, step=step, state=state,
+                      loss_eval=loss_eval)
         out.update(res)
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, flush=True)
     return out
