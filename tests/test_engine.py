@@ -237,8 +237,10 @@ def test_pause_resume_cancel_and_context_errors(runner, params):
             assert not eng._active
             with pytest.raises(ContextLengthExceeded):
                 await eng.generate(greedy_req(prompt_of(96, 1)))
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match="outside vocab"):
                 await eng.generate(greedy_req([CFG.vocab_size]))
+            with pytest.raises(ValueError, match="top_p"):
+                await eng.generate(GenerateRequest([1], SamplingParams(top_p=0.0)))
             clamped = await eng.generate(greedy_req(prompt_of(90, 2), n=50))
             return clamped
         finally:

@@ -224,6 +224,9 @@ class JaxEngine(Engine):
         sp = req.sampling
         if sp.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sp.max_new_tokens}")
+        if not 0.0 < sp.top_p <= 1.0 or sp.temperature < 0.0:
+            raise ValueError(f"need 0 < top_p <= 1 and temperature >= 0, got top_p={sp.top_p}, "
+                             f"temperature={sp.temperature}")
         seed = sp.seed if sp.seed is not None else next(self._seeds)
         return _Req(
             req=req, emit=lambda _: None, max_new=min(sp.max_new_tokens, self.cfg.max_len - n),
