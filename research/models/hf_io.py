@@ -140,8 +140,11 @@ class _Reader:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._handle(key).get_slice(key).get_shape())
 
-    def get(self, key: str) -> np.ndarray:
-        return self._handle(key).get_tensor(key)
+    def get(self, key: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
+        """The tensor, or only ``index`` of it (a partial read: a shard never reads what it does not hold)."""
+        if index is None:
+            return self._handle(key).get_tensor(key)
+        return self._handle(key).get_slice(key)[index]
 
 
 def _validate(root, reader: _Reader, specs: list[Leaf], cfg: ModelConfig):
@@ -170,8 +173,15 @@ def _callback(leaf: Leaf, reader: _Reader, dtype):
         nlead = len(leaf.stack)
         ranges = [range(*index[d].indices(leaf.shape[d])) for d in range(nlead)]
         rest = index[nlead:]
-        blocks = [np.asarray(leaf.to_ours(reader.get(leaf.key(*i))))[rest].astype(dtype)
-                  for i in itertools.product(*ranges)]
+
+        def block(key):
+            if leaf.to_ours is np.asarray:  # same layout: read just our slice
+                return reader.get(key, rest)
+            if leaf.to_ours is _t:  # transposed 2-D: read the transposed slice
+                return reader.get(key, rest[::-1]).T
+            return np.asarray(leaf.to_ours(reader.get(key)))[rest]
+
+        blocks = [np.asarray(block(leaf.key(*i))).astype(dtype) for i in itertools.product(*ranges)]
         lead_shape = tuple(len(r) for r in ranges)
         return np.stack(blocks).reshape(lead_shape + blocks[0].shape) if nlead else blocks[0]
 
