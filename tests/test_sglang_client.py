@@ -176,6 +176,38 @@ def test_errors_abort_health_and_flush(served):
     assert aborted.finish_reason == "abort" and len(aborted.token_ids) < 55
 
 
+class _FailsMidStream:
+    """Wraps the real engine; its stream breaks after the first chunk (a device error mid-generation)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def stream(self, req):
+        async for item in self.inner.stream(req):
+            yield item
+            raise EngineError("device fell over")
+
+
+def test_engine_error_mid_stream_is_reported_in_band(served):
+    engine, base = served
+
+    async def go():
+        server = NativeServer(_FailsMidStream(engine))
+        url = await server.start("127.0.0.1", 0)
+        client = SGLangClient(url)
+        try:
+            with pytest.raises(EngineError, match="device fell over"):
+                await client.generate(greedy([1, 2], n=20))
+        finally:
+            await client.close()
+            await server.stop()
+
+    asyncio.run(go())
+
+
 def test_decode_routed_experts_accepts_sglang_layout():
     L, K, P, n = 3, 2, 5, 4
     full = np.arange((P + n - 1) * L * K, dtype=np.int32).reshape(P + n - 1, L, K)

@@ -33,6 +33,7 @@ from aiohttp import web
 from research.serving.api import (
     ContextLengthExceeded,
     Engine,
+    EngineError,
     EngineUnavailable,
     GenerateRequest,
     GenerateResult,
@@ -62,8 +63,8 @@ class BadRequest(ValueError):
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
-    body = {"object": "error", "message": message, "type": {400: "BadRequest", 503: "ServiceUnavailable"}.get(
-        status, "Error"), "param": None, "code": status}
+    kind = {400: "BadRequest", 500: "InternalServerError", 503: "ServiceUnavailable"}.get(status, "Error")
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -236,6 +237,8 @@ class NativeServer:
             return _error(503, str(e), {"Retry-After": str(max(1, round(e.retry_after_s)))})
         except ValueError as e:
             return _error(400, str(e))
+        except EngineError as e:
+            return _error(500, str(e))
         finally:
             self._tasks.pop(req.request_id, None)
 
@@ -278,6 +281,9 @@ class NativeServer:
                     if not self._take_abort(req.request_id):
                         raise  # the client went away: closing `agen` below aborts the generation
                     item = GenerateResult(ids, lps, "abort", self.engine.weight_version)
+                except EngineError as e:  # after the 200: report in-band, as SGLang does
+                    await resp.write(b"data: " + json.dumps({"error": {"message": str(e)}}).encode() + b"\n\n")
+                    break
         finally:
             await agen.aclose()
         await resp.write(b"data: [DONE]\n\n")
