@@ -24,14 +24,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.algo = "grpo"  # grpo | ppo | sft
     config.tokenizer_dir = str(REPO.parent / "shared" / "qwen3")
     config.model.update(vocab_size=151936, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=32)
+                        num_kv_heads=2, head_dim=32,
+                        attention_impl="reference")  # dense mask: fastest on CPU at 512-token rows
     config.mesh.update(data=1)
     config.optim.update(learning_rate=3e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
     config.critic_optim = default_optim_config()
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(dict(
         steps=30,  # RL steps (after the SFT phase)
-        batch_rows=4, row_len=1024, num_microbatches=1, logprob_chunk=256, loss_slots=256))
+        batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=64))
     config.rl = ml_collections.ConfigDict(dict(
         estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.0,
         is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0))

@@ -120,6 +120,7 @@ def test_sft_warm_start_then_ppo(tmp_path):
 
     cfg = _config(tmp_path, algo="ppo")
     cfg.tasks.update(source="make_file")  # the expert knows the make_file family
+    cfg.rollout.update(max_turns=2)  # the expert's tool call + its final answer
     cfg.sft.update(steps=2, num_demos=2, groups_per_step=2)
     cfg.train.update(steps=2)
     wd = tmp_path / "run"

@@ -102,7 +102,8 @@ def build_batch(groups: list[GroupRecord], pcfg: PipelineConfig, *, current_vers
                 raise
             rows += pcfg.num_rows
     idx, valid = loss_slots(packed["count"], loss_slots_k)
-    device = {k: v for k, v in packed.items() if k not in HOST_ONLY}
+    device = {k: v for k, v in packed.items()
+              if k not in HOST_ONLY and isinstance(v, np.ndarray) and v.dtype != object}
     device.update(loss_idx=idx, loss_valid=valid)
     routed = pack_routed_experts(trees, packed)
     if routed is not None:

@@ -201,7 +201,8 @@ class Loop:
         tasks = self.train_tasks[: s.num_demos] if s.num_demos > 0 else self.train_tasks
         specs = [R.StepSpec(t, h, 0, step=0, tag="demo") for t in tasks for h, _ in R.harness_weights(self.cfg)]
         expert = expert_engine(s.expert, self.tok)
-        svc = R.RolloutService(self.cfg, out_dir, expert, self.tok, name="rollouts", sampling={})
+        svc = R.RolloutService(self.cfg, out_dir, expert, self.tok, name="rollouts", sampling={},
+                               max_new_tokens=1024)  # the expert is never truncated
         try:
             await svc.run(specs)
         finally:

@@ -98,7 +98,8 @@ def plot_rewards(workdir: pathlib.Path) -> pathlib.Path:
     ax.set_xlabel("step (SFT steps, then RL steps)")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"{pathlib.Path(workdir).name}: reward / pass rate")
-    ax.legend(loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     out = pathlib.Path(workdir) / "reward_curve.png"
     fig.tight_layout()

@@ -101,7 +101,7 @@ class RolloutService:
 
     def __init__(self, cfg: ml_collections.ConfigDict, workdir: pathlib.Path, engine, tokenizer, *,
                  name: str = "rollouts", capture_path: pathlib.Path | None = None, sampling: dict | None = None,
-                 backend=None):
+                 backend=None, max_new_tokens: int | None = None):
         self.cfg, self.workdir, self.engine = cfg, workdir, engine
         self.capture_path = capture_path or workdir / "capture.jsonl"
         self.capture = CaptureLog(self.capture_path, fsync=cfg.rollout.fsync)
@@ -109,7 +109,8 @@ class RolloutService:
         opts = ShimOptions(enable_thinking=cfg.rollout.enable_thinking,
                            default_max_tokens=cfg.rollout.max_new_tokens,
                            sampling_override=dict(sampling if sampling is not None else self.train_sampling()))
-        self.shim = ShimServer(CappedEngine(engine, cfg.rollout.max_new_tokens), tokenizer, self.capture,
+        cap = max_new_tokens or cfg.rollout.max_new_tokens
+        self.shim = ShimServer(CappedEngine(engine, cap), tokenizer, self.capture,
                                unix_socket=str(sock), options=opts)
         r = cfg.rollout
         self.runner_cfg = RunnerConfig(
