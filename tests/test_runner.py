@@ -185,14 +185,16 @@ def test_the_harness_cannot_see_the_checker(shim, tmp_path):
 
 @pytest.mark.docker
 def test_reference_harness_in_docker_end_to_end(shim, tmp_path):
+    """10 at once: more in-flight docker execs than the default thread pool has threads (a regression
+    test: blocking docker calls on the default executor starved the shim's capture appends -> deadlock)."""
     if not get_backend("docker").available()[0]:
         pytest.skip("no docker daemon")
     server, log = shim
-    tasks = family.generate(tmp_path / "tasks", "heldout", n=2, seed=1)
-    cfg = RunnerConfig(out_dir=tmp_path / "run", backend="docker", concurrency=2, timeout_s=60, progress=False)
+    tasks = family.generate(tmp_path / "tasks", "heldout", n=10, seed=1)
+    cfg = RunnerConfig(out_dir=tmp_path / "run", backend="docker", concurrency=10, timeout_s=120, progress=False)
     results = _run(server, log, cfg, plan(tasks, ["reference"], 1))
-    assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * 2, [r.message for r in results]
-    assert sum(isinstance(r, CallRecord) for r in read_log(tmp_path / "capture.jsonl")) == 4
+    assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * 10, [r.message for r in results]
+    assert sum(isinstance(r, CallRecord) for r in read_log(tmp_path / "capture.jsonl")) == 20
 
 
 def test_shim_hiccup_is_retried_and_adapter_errors_are_harness_errors(shim, tmp_path):

@@ -11,6 +11,8 @@ labels (owner pid + start time + host) so `reap()` removes those of dead orchest
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import io
 import json
 import os
@@ -73,6 +75,17 @@ def _tar_of(src: pathlib.Path, arcname: str) -> bytes:
     return buf.getvalue()
 
 
+
+# Blocking SDK calls (an exec_start lasts as long as the harness runs) get their own threads: on the
+# default executor they would starve everything else that uses it - e.g. the shim's capture appends,
+# which those very harnesses wait on (a deadlock at ~6 concurrent docker rollouts on 2 cores).
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="hrl-docker")
+
+
+def _blocking(fn, /, *args, **kwargs):
+    return asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
+
+
 class DockerSandbox(Sandbox):
     def __init__(self, sandbox_id: str, spec: SandboxSpec, backend: DockerBackend, container):
         super().__init__(sandbox_id, spec)
@@ -92,26 +105,26 @@ class DockerSandbox(Sandbox):
         api = self.backend.client.api
         t0 = time.monotonic()
         try:
-            ex = await asyncio.to_thread(api.exec_create, self.container.id, argv, stdout=True, stderr=True,
+            ex = await _blocking(api.exec_create, self.container.id, argv, stdout=True, stderr=True,
                                          environment={**self.spec.base_env(), **(env or {})}, workdir=cwd,
                                          user=f"{UID}:{UID}")
         except Exception as e:  # docker.errors.APIError and friends: infrastructure
             raise SandboxError(f"sandbox {self.id}: exec_create failed: {e}") from e
-        run = asyncio.ensure_future(asyncio.to_thread(api.exec_start, ex["Id"], demux=True))
+        run = asyncio.ensure_future(_blocking(api.exec_start, ex["Id"], demux=True))
         try:
             out, err = await asyncio.wait_for(asyncio.shield(run), max(timeout, 0.0))
         except TimeoutError:
-            await asyncio.to_thread(self._kill)  # the whole tree: the container
+            await _blocking(self._kill)  # the whole tree: the container
             try:
                 out, err = await asyncio.wait_for(run, 10)
             except Exception:
                 out, err = b"", b""
             return ExecResult(-9, decode(out), decode(err), True, time.monotonic() - t0)
-        info = await asyncio.to_thread(api.exec_inspect, ex["Id"])
+        info = await _blocking(api.exec_inspect, ex["Id"])
         rc = info.get("ExitCode")
         oom = False
         if rc == 137:  # SIGKILL: the kernel OOM killer, if the container's memory cgroup counted a kill
-            oom = await asyncio.to_thread(self._oom_killed)
+            oom = await _blocking(self._oom_killed)
         return ExecResult(-1 if rc is None else rc, decode(out), decode(err), False, time.monotonic() - t0, oom)
 
     def _oom_killed(self) -> bool:
@@ -137,15 +150,15 @@ class DockerSandbox(Sandbox):
             ti = tarfile.TarInfo(os.path.basename(path))
             ti.size, ti.uid, ti.gid = len(data), UID, UID
             tar.addfile(ti, io.BytesIO(data))
-        await asyncio.to_thread(self.container.put_archive, os.path.dirname(path), buf.getvalue())
+        await _blocking(self.container.put_archive, os.path.dirname(path), buf.getvalue())
 
     async def copy_in(self, src, dest: str) -> None:
         """A tar of `src` whose member path is the whole destination, extracted at "/": docker creates
         missing parent directories, which extracting next to the destination would not."""
         src = pathlib.Path(src)
-        data = await asyncio.to_thread(_tar_of, src, dest.strip("/"))
+        data = await _blocking(_tar_of, src, dest.strip("/"))
         try:
-            ok = await asyncio.to_thread(self.container.put_archive, "/", data)
+            ok = await _blocking(self.container.put_archive, "/", data)
         except Exception as e:
             raise SandboxError(f"sandbox {self.id}: copy_in {src} -> {dest}: {e}") from e
         if not ok:
@@ -156,7 +169,7 @@ class DockerSandbox(Sandbox):
             return
         self.closed = True
         try:
-            await asyncio.to_thread(self.container.remove, force=True)
+            await _blocking(self.container.remove, force=True)
         except Exception:  # already gone: the reaper or a kill got there first
             pass
 
@@ -215,17 +228,17 @@ class DockerBackend(Backend):
             await self.reap()
         if not self._built:
             self._built = True
-            await asyncio.to_thread(build_image, self.client, self.image, True)
+            await _blocking(build_image, self.client, self.image, True)
         sid = spec.sandbox_id()
         try:
             spec.workspace.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(_chown_tree, spec.workspace, UID)
+            await _blocking(_chown_tree, spec.workspace, UID)
             if spec.home is not None:
                 spec.home.mkdir(parents=True, exist_ok=True)
-                await asyncio.to_thread(_chown_tree, spec.home, UID)
+                await _blocking(_chown_tree, spec.home, UID)
             if spec.shim_socket is not None:  # uid 1000 inside must be allowed to connect
                 os.chmod(spec.shim_socket, 0o666)
-            container = await asyncio.to_thread(self.client.containers.run, **self.run_kwargs(sid, spec))
+            container = await _blocking(self.client.containers.run, **self.run_kwargs(sid, spec))
         except Exception as e:
             raise SandboxStartError(f"sandbox {sid}: docker run failed: {e}") from e
         sbx = DockerSandbox(sid, spec, self, container)
@@ -238,7 +251,7 @@ class DockerBackend(Backend):
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                logs = await asyncio.to_thread(sbx.container.logs, stdout=True, stderr=True)
+                logs = await _blocking(sbx.container.logs, stdout=True, stderr=True)
             except Exception as e:
                 await sbx.close()
                 raise SandboxStartError(f"sandbox {sbx.id}: reading forwarder logs: {e}") from e
@@ -250,7 +263,7 @@ class DockerBackend(Backend):
             await asyncio.sleep(0.01)
 
     async def reap(self) -> int:
-        return await asyncio.to_thread(self._reap_sync)
+        return await _blocking(self._reap_sync)
 
     def _reap_sync(self) -> int:
         n = 0

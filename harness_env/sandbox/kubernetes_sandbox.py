@@ -16,6 +16,8 @@ bwrap/docker, by necessity:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import io
 import json
 import pathlib
@@ -102,6 +104,17 @@ def network_policy(namespace: str, shim_ip: str, shim_port: int) -> dict:
     }
 
 
+
+# Blocking SDK calls (an exec_start lasts as long as the harness runs) get their own threads: on the
+# default executor they would starve everything else that uses it - e.g. the shim's capture appends,
+# which those very harnesses wait on (a deadlock at ~6 concurrent docker rollouts on 2 cores).
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="hrl-k8s")
+
+
+def _blocking(fn, /, *args, **kwargs):
+    return asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
+
+
 class KubernetesSandbox(Sandbox):
     def __init__(self, sandbox_id: str, spec: SandboxSpec, backend: KubernetesBackend, pod: str):
         super().__init__(sandbox_id, spec)
@@ -119,7 +132,7 @@ class KubernetesSandbox(Sandbox):
         t0 = time.monotonic()
         try:
             rc, out, err = await asyncio.wait_for(
-                asyncio.to_thread(self.backend.exec_fn, self.pod, self.backend.namespace, cmd, stdin), max(timeout, 0))
+                _blocking(self.backend.exec_fn, self.pod, self.backend.namespace, cmd, stdin), max(timeout, 0))
         except TimeoutError:
             await self.close()  # deleting the pod is what kills every process of the tree
             return ExecResult(-9, "", "", True, time.monotonic() - t0)
@@ -131,7 +144,7 @@ class KubernetesSandbox(Sandbox):
         src = pathlib.Path(src)
         dest = dest.rstrip("/")
         parent, name = dest.rsplit("/", 1)
-        data = await asyncio.to_thread(_tar, src, name)
+        data = await _blocking(_tar, src, name)
         res = await self.exec(["tar", "-x", "-f", "-", "-C", parent or "/"], stdin=data, timeout=120)
         if not res.ok:
             raise SandboxError(f"sandbox {self.id}: copy_in {src} -> {dest}: tar exited {res.exit_code}: {res.stderr}")
@@ -140,7 +153,7 @@ class KubernetesSandbox(Sandbox):
         if self.closed:
             return
         self.closed = True
-        await asyncio.to_thread(self.backend.delete_pod, self.pod)
+        await _blocking(self.backend.delete_pod, self.pod)
 
 
 @register_backend("kubernetes")
@@ -206,7 +219,7 @@ class KubernetesBackend(Backend):
         manifest = pod_manifest(pod, self.namespace, spec, spec.image if spec.image != "harness-rl/sandbox:latest"
                                 else self.image, self.shim_address)
         try:
-            await asyncio.to_thread(self.api.create_namespaced_pod, self.namespace, manifest)
+            await _blocking(self.api.create_namespaced_pod, self.namespace, manifest)
             await self._wait_running(pod)
             sbx = KubernetesSandbox(sid, spec, self, pod)
             if spec.workspace.exists():
@@ -214,14 +227,14 @@ class KubernetesBackend(Backend):
             if spec.home is not None and spec.home.exists():
                 await sbx.copy_in(spec.home, HOME)
         except Exception as e:
-            await asyncio.to_thread(self.delete_pod, pod)
+            await _blocking(self.delete_pod, pod)
             raise SandboxStartError(f"sandbox {sid}: pod {pod}: {e}") from e
         return sbx
 
     async def _wait_running(self, pod: str) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            status = (await asyncio.to_thread(self.api.read_namespaced_pod, pod, self.namespace)).status
+            status = (await _blocking(self.api.read_namespaced_pod, pod, self.namespace)).status
             if status.phase == "Running" and all(getattr(c, "ready", True) for c in status.container_statuses or []):
                 return
             if status.phase in ("Failed", "Succeeded"):
@@ -236,7 +249,7 @@ class KubernetesBackend(Backend):
             await asyncio.sleep(self.poll_s)
 
     async def reap(self) -> int:
-        return await asyncio.to_thread(self._reap_sync)
+        return await _blocking(self._reap_sync)
 
     def _reap_sync(self) -> int:
         host = socket.gethostname()

@@ -1,6 +1,6 @@
 """Bench `sandbox`: start latency (bwrap vs docker vs a bare process) and sustained concurrent rollouts.
 
-  python -m launch.bench --suite=sandbox [--opt n_start=30 --opt levels=16,64 --opt docker=true]
+  python -m launch.bench --suite=sandbox [--opt n_start=30 --opt levels=16,64 --opt docker_levels=16]
 
 Start latency = `backend.create(spec)` + the first command (`true`) finished, i.e. until a harness
 could be running; measured without and with the shim forwarder (which is one python3 start inside).
@@ -8,7 +8,7 @@ The peer is a bare `asyncio.create_subprocess_exec("true")` in the same run (rat
 Concurrency: at each level N, N rollouts of the reference harness on make_file tasks run at once
 through the real path (runner -> bwrap -> forwarder -> shim -> oracle replay engine -> reward.sh);
 a level passes when every rollout ends ok with reward 1.0 and N sandboxes were open at the same time.
-`bwrap_max_concurrent` is the largest passing level.
+`bwrap_max_concurrent` is the largest passing level; the same for docker at `docker_levels`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,16 @@ async def _level(n: int, root: pathlib.Path, tok, backend_name: str, timeout_s: 
             "statuses": sorted({r.status + (": " + r.message[:80] if r.message else "") for r in results})[:3]}
 
 
-async def _run(n_start: int, levels: list[int], docker: bool, timeout_s: float) -> dict:
+async def _levels(out: dict, name: str, levels: list[int], root: pathlib.Path, tok, timeout_s: float) -> None:
+    runs = [await _level(n, root / f"{name}{n}", tok, name, timeout_s) for n in levels]
+    out[f"{name}_levels"] = runs
+    passed = [r["n"] for r in runs if r["passed"]]
+    out[f"{name}_max_concurrent"] = max(passed) if passed else 0
+    if passed:
+        out[f"{name}_rollouts_per_s"] = next(r for r in runs if r["n"] == max(passed))["rollouts_per_s"]
+
+
+async def _run(n_start: int, levels: list[int], docker_levels: list[int], docker: bool, timeout_s: float) -> dict:
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="hrl-bench-") as tmp:
         root = pathlib.Path(tmp)
@@ -134,18 +143,15 @@ async def _run(n_start: int, levels: list[int], docker: bool, timeout_s: float) 
             from research.models.tokenizer import load_tokenizer
 
             tok = load_tokenizer(QWEN3)
-            runs = [await _level(n, root / f"l{n}", tok, "bwrap", timeout_s) for n in levels]
-            out["bwrap_levels"] = runs
-            passed = [r["n"] for r in runs if r["passed"]]
-            out["bwrap_max_concurrent"] = max(passed) if passed else 0
-            if passed:
-                best = next(r for r in runs if r["n"] == max(passed))
-                out["bwrap_rollouts_per_s"] = best["rollouts_per_s"]
+            await _levels(out, "bwrap", levels, root, tok, timeout_s)
+            if ok and docker_levels:
+                await _levels(out, "docker", docker_levels, root, tok, timeout_s)
         else:
             out["concurrency_skipped"] = f"no tokenizer at {QWEN3}"
     return out
 
 
-def run(n_start: int = 30, levels: str | int = "16,64", docker: bool = True, timeout_s: float = 120.0) -> dict:
-    lv = [int(x) for x in str(levels).split(",") if str(x).strip()]
-    return asyncio.run(_run(int(n_start), lv, bool(docker), float(timeout_s)))
+def run(n_start: int = 30, levels: str | int = "16,64", docker_levels: str | int = "16", docker: bool = True,
+        timeout_s: float = 120.0) -> dict:
+    parse = lambda v: [int(x) for x in str(v).split(",") if str(x).strip()]
+    return asyncio.run(_run(int(n_start), parse(levels), parse(docker_levels), bool(docker), float(timeout_s)))
