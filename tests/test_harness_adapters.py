@@ -114,7 +114,7 @@ def test_codex_config(tmp_path):
     assert prov["base_url"] == "http://127.0.0.1:4000/s/sess1/v1" and prov["wire_api"] == "responses"
     assert h.env(CTX)[prov["env_key"]] == "sk-sess1" and h.env(CTX)["CODEX_HOME"] == "/home/agent/.codex"
     assert cfg["analytics"]["enabled"] is False and cfg["features"]["plugins"] is False
-    assert cfg["model"] == "policy" and cfg["web_search"] == "disabled"
+    assert cfg["model"] == "policy" and cfg["web_search"] == "disabled" and cfg["model_context_window"] == 32768
     argv = h.argv("p", CTX)
     assert argv[1:3] == ["exec", "--skip-git-repo-check"] and "--dangerously-bypass-approvals-and-sandbox" in argv
     assert argv[argv.index("-C") + 1] == "/workspace" and argv[-1] == "p"
@@ -141,7 +141,7 @@ def test_openclaw_config(tmp_path):
     assert cfg["models"]["mode"] == "replace"
     prov = cfg["models"]["providers"]["harnessrl"]
     assert prov["baseUrl"] == "http://127.0.0.1:4000/s/sess1/v1" and prov["api"] == "openai-completions"
-    assert [m["id"] for m in prov["models"]] == ["policy"]
+    assert [(m["id"], m["contextWindow"], m["maxTokens"]) for m in prov["models"]] == [("policy", 32768, 4096)]
     assert cfg["agents"]["defaults"]["model"]["primary"] == "harnessrl/policy"
     argv = h.argv("p", CTX)
     assert argv[1:3] == ["agent", "exec"] and argv[argv.index("--config") + 1] == "/home/agent/openclaw.json"

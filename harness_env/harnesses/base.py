@@ -48,6 +48,7 @@ class SessionContext:
     home: str = "/home/agent"
     workspace: str = "/workspace"
     max_turns: int = 30
+    context_window: int = 32768  # the policy's context (tokens): harnesses that plan compaction need it
 
     @property
     def openai_base_url(self) -> str:

@@ -46,6 +46,7 @@ class Codex(Harness):
         q = _toml_str
         return "\n".join([
             f"model = {q(ctx.model)}",
+            f"model_context_window = {int(ctx.context_window)}",
             f"model_provider = {q(PROVIDER)}",
             'approval_policy = "never"',
             'sandbox_mode = "danger-full-access"',

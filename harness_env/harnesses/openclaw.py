@@ -37,14 +37,13 @@ class OpenClaw(Harness):
     node = NODE24
     shell_tool = "exec"
     log_globs = ("openclaw-state/agents/**/*.sqlite*",)  # the agent's session store (sqlite + wal)
-    context_window = 32768
     max_tokens = 4096
     timeout_s = 600
 
     def config(self, ctx: SessionContext) -> dict:
         model = {"id": ctx.model, "name": ctx.model, "reasoning": False, "input": ["text"],
                  "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-                 "contextWindow": self.context_window, "maxTokens": self.max_tokens}
+                 "contextWindow": ctx.context_window, "maxTokens": min(self.max_tokens, ctx.context_window // 2)}
         return {
             "models": {"mode": "replace", "providers": {PROVIDER: {
                 "baseUrl": ctx.openai_base_url, "apiKey": ctx.api_key, "api": "openai-completions",
