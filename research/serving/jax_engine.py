@@ -122,6 +122,8 @@ class JaxEngine(Engine):
         self._fns = StepFunctions.of(runner)
         self._cache = _committed(runner.init_cache(config.num_slots, config.max_len + config.prefill_chunk))
         self._slots = SlotTable(config.num_slots, min_reuse=config.min_reuse)
+        self._tok_buf = _committed(jnp.zeros(config.num_slots, jnp.int32))  # last sampled token per slot
+        self._inflight: tuple | None = None  # a dispatched decode step whose results are not processed yet
         self._active: dict[int, _Req] = {}  # slot -> request
         self._waiting: collections.deque[_Req] = collections.deque()
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
@@ -266,11 +268,12 @@ class JaxEngine(Engine):
             self._params, self._cache, jnp.int32(0), np.zeros(C, np.int32), jnp.int32(0), jnp.int32(1),
             jnp.float32(1.0), jnp.float32(1.0), jnp.int32(-1), zero_key, jnp.int32(0),
         )
+        S = self.cfg.num_slots
         for B in self.cfg.buckets():
-            self._cache, *_ = self._fns.decode(
-                self._params, self._cache, np.zeros(B, np.int32), np.full(B, self.cfg.max_len, np.int32),
-                np.ones(B, np.float32), np.ones(B, np.float32), np.full(B, -1, np.int32),
-                np.zeros((B, 2), np.uint32), np.zeros(B, np.int32),
+            self._cache, self._tok_buf, *_ = self._fns.decode(
+                self._params, self._cache, self._tok_buf, np.zeros(S, np.int32), np.ones(S, bool),
+                np.full(B, self.cfg.max_len, np.int32), np.ones(B, np.float32), np.ones(B, np.float32),
+                np.full(B, -1, np.int32), np.zeros((B, 2), np.uint32), np.zeros(B, np.int32),
             )
         jax.block_until_ready(self._cache)
 
@@ -289,6 +292,7 @@ class JaxEngine(Engine):
                 worked = self._decode_step() or worked
             except Exception as e:  # a device error must not leave callers hanging forever
                 log.exception("engine step failed")
+                self._inflight = None
                 self._fail_all(EngineError(f"engine step failed: {e!r}"))
                 worked = False
             self._notify_idle()
@@ -310,6 +314,7 @@ class JaxEngine(Engine):
             elif kind == "call":
                 fn, reply = arg
                 try:
+                    self._process_inflight()  # control calls see every dispatched token accounted for
                     reply(fn(), None)
                 except Exception as e:
                     reply(None, e)
@@ -392,25 +397,49 @@ class JaxEngine(Engine):
         return True
 
     def _decode_step(self) -> bool:
-        decoding = [r for r in self._active.values() if r.filled == len(r.prompt) and r.out]
+        """Dispatches decode step n+1, then processes step n (host work overlaps device work).
+
+        A request whose step-n token turns out to be a stop token got one extra step computed for it:
+        that token is dropped (its K/V lands past the slot's valid prefix, rewritten before any read)."""
+        pending = set(self._inflight[0]) if self._inflight else set()
+        decoding = []
+        for r in self._active.values():
+            n = len(r.out) + (r in pending)
+            if r.filled == len(r.prompt) and n and n < r.max_new and not r.cancelled:
+                decoding.append((r, n))
         if not decoding:
-            return False
-        top = max(r.slot for r in decoding) + 1
-        B, scratch = next(b for b in self.cfg.buckets() if b >= top), self.cfg.max_len
-        tokens, positions = np.zeros(B, np.int32), np.full(B, scratch, np.int32)
+            return self._process_inflight()
+        top = max(r.slot for r, _ in decoding) + 1
+        B, S = next(b for b in self.cfg.buckets() if b >= top), self.cfg.num_slots
+        host_tok, use_host = np.zeros(S, np.int32), np.zeros(S, bool)
+        positions = np.full(B, self.cfg.max_len, np.int32)
         temp, top_p = np.ones(B, np.float32), np.ones(B, np.float32)
         top_k, steps = np.full(B, -1, np.int32), np.zeros(B, np.int32)
         keys = np.zeros((B, 2), np.uint32)
-        for r in decoding:
+        for r, n in decoding:
             s, sp = r.slot, r.req.sampling
-            tokens[s], positions[s] = r.out[-1], len(r.prompt) + len(r.out) - 1
-            temp[s], top_p[s], top_k[s], keys[s], steps[s] = sp.temperature, sp.top_p, sp.top_k, r.key, len(r.out)
-        self._cache, tok_B, lp_B, experts_B = self._fns.decode(
-            self._params, self._cache, tokens, positions, temp, top_p, top_k, keys, steps
+            if r not in pending:
+                host_tok[s], use_host[s] = r.out[-1], True
+            positions[s] = len(r.prompt) + n - 1
+            temp[s], top_p[s], top_k[s], keys[s], steps[s] = sp.temperature, sp.top_p, sp.top_k, r.key, n
+        self._cache, self._tok_buf, tok_B, lp_B, experts_B = self._fns.decode(
+            self._params, self._cache, self._tok_buf, host_tok, use_host, positions, temp, top_p, top_k, keys, steps
         )
-        tok_B, lp_B, experts_B = jax.device_get((tok_B, lp_B, experts_B))
         self.stats["decode_steps"] += 1
-        for r in decoding:
+        self._process_inflight()
+        self._inflight = ([r for r, _ in decoding], tok_B, lp_B, experts_B)
+        return True
+
+    def _process_inflight(self) -> bool:
+        """Fetches the dispatched step's tokens and hands them out (skipping requests that ended since)."""
+        if self._inflight is None:
+            return False
+        reqs, tok_B, lp_B, experts_B = self._inflight
+        self._inflight = None
+        tok_B, lp_B, experts_B = jax.device_get((tok_B, lp_B, experts_B))
+        for r in reqs:
+            if self._active.get(r.slot) is not r or r.cancelled:
+                continue
             self._slots.extend(r.slot, [r.out[-1]])
             self._accept(r, int(tok_B[r.slot]), float(lp_B[r.slot]), experts_B[r.slot])
         return True

@@ -74,7 +74,7 @@ class StepFunctions:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
         self.prefill = jax.jit(functools.partial(_prefill_and_sample, runner), donate_argnums=(1,))
-        self.decode = jax.jit(functools.partial(_decode_and_sample, runner), donate_argnums=(1,))
+        self.decode = jax.jit(functools.partial(_decode_and_sample, runner), donate_argnums=(1, 2))
         self.copy_slot = jax.jit(runner.copy_slot, donate_argnums=(0,))
 
 
@@ -100,7 +100,9 @@ def _decode_and_sample(
     runner: ModelRunner,
     params,
     cache,
-    tokens_B: Int[Array, "B"],
+    tok_buf_S: Int[Array, "S"],
+    host_tok_S: Int[Array, "S"],
+    use_host_S,
     positions_B: Int[Array, "B"],
     temperature_B: Float[Array, "B"],
     top_p_B: Float[Array, "B"],
@@ -108,6 +110,13 @@ def _decode_and_sample(
     keys_Bx2,
     steps_B: Int[Array, "B"],
 ):
+    """One decode step of the first B slots (B = the bucket, static via positions_B's shape).
+
+    Input tokens come from `tok_buf_S` — the previous step's samples, still on device, so the engine
+    can dispatch step n+1 before it has fetched step n — except where `use_host_S` (slots whose last
+    token the host set: the first token after a prefill). Returns the updated buffer too."""
+    B = positions_B.shape[0]
+    tokens_B = jnp.where(use_host_S, host_tok_S, tok_buf_S)[:B]
     cache, logits_BxV, experts = runner.decode(params, cache, tokens_B, positions_B)
     tok_B, lp_B = sample_tokens(
         logits_BxV,
@@ -118,5 +127,5 @@ def _decode_and_sample(
         steps_B=steps_B,
     )
     if experts is None:
-        experts = _no_experts(tokens_B.shape[0], runner.routing_shape)
-    return cache, tok_B, lp_B, experts
+        experts = _no_experts(B, runner.routing_shape)
+    return cache, tok_buf_S.at[:B].set(tok_B), tok_B, lp_B, experts
