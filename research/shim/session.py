@@ -9,6 +9,7 @@ fsync'd to the capture log before the adapter sends the final event.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import time
 import uuid
@@ -29,6 +30,10 @@ from research.serving.api import (
 )
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect
 from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
+
+# The shim's own threads for fsync and tokenization: asyncio's default pool is shared with sandbox
+# backends whose blocking calls can hold every thread for a whole rollout, which would starve capture.
+_IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="shim-io")
 
 OFFLOAD_CHARS = 16384  # new text above this is tokenized in a thread (encode_batch releases the GIL)
 
@@ -132,7 +137,7 @@ class Call:
         r = self.session.renderer
         plan = r.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
         if sum(map(len, plan.missing)) > OFFLOAD_CHARS:  # e.g. a 76 KB first request: keep the loop serving
-            ids = await asyncio.get_running_loop().run_in_executor(None, self.tok.encode_batch, plan.missing)
+            ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.tok.encode_batch, plan.missing)
         else:
             ids = [self.tok.encode(t) for t in plan.missing]
         p = self.prompt = r.assemble(plan, r.add_tokenized(plan.missing, ids))
@@ -244,7 +249,7 @@ class Call:
             meta=meta)
 
     async def _append(self, rec: CallRecord) -> CallRecord:
-        await asyncio.get_running_loop().run_in_executor(None, self.capture.append, rec)
+        await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.capture.append, rec)
         self.session.add_finished(rec)
         self.record = rec
         return rec
