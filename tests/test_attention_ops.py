@@ -218,6 +218,8 @@ def test_unknown_impl():
     q, k, v = qkv(0, 1, 8, 2, 1, 4)
     with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
         ao.attend(q, k, v, segment_ids_BxT=jnp.ones((1, 8), jnp.int32), impl="flash")
+    with pytest.raises(ValueError, match="num heads 2 is not a multiple of num kv heads 3"):
+        ao.attend(q, jnp.ones((1, 8, 3, 4)), jnp.ones((1, 8, 3, 4)), segment_ids_BxT=jnp.ones((1, 8), jnp.int32))
 
 
 def _mesh():

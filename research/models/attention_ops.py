@@ -120,8 +120,8 @@ def _block_lists(seg, end, bq: int, bk: int, causal: bool, skip: bool = True) ->
     qs_min, qs_max = summary(seg, valid, nq, big, jnp.min), summary(seg, valid, nq, -1, jnp.max)
     k_lo = idx.reshape(B, nk, bk)[..., 0]
     ks_min, ks_max = summary(seg, valid, nk, big, jnp.min), summary(seg, valid, nk, -1, jnp.max)
-    k_end = summary(end, valid, nk, -1, jnp.max)
-    end_mask = jnp.full_like(end, big) if causal else end  # what the per-element mask compares against
+    end_mask = jnp.full_like(end, big) if causal else end  # causal: seg[i] == seg[j] and j <= i, no subtree
+    k_end = summary(end_mask, valid, nk, -1, jnp.max)
     k_end_min = summary(end_mask, valid, nk, big, jnp.min)
     q_all, k_all = valid.reshape(B, nq, bq).all(-1), valid.reshape(B, nk, bk).all(-1)
     k_hi = idx.reshape(B, nk, bk)[..., -1]
@@ -315,8 +315,17 @@ def attend(
     block_q: int = 256,
     block_k: int = 256,
 ) -> Float[Array, "B T H D"]:
-    """Multi-head (GQA) attention under the packed-tree mask; softmax scale 1/sqrt(D), fp32 softmax."""
-    if subtree_end_BxT is None or impl == "causal":
+    """Multi-head (GQA) attention under the packed-tree mask; softmax scale 1/sqrt(D), fp32 softmax.
+
+    H must be a multiple of K (query head h uses kv head h // (H // K)). ``subtree_end_BxT=None`` means
+    plain causal segments (contiguous runs of one segment id). ``impl="causal"`` ignores ``subtree_end``
+    and uses the mask ``seg[i] == seg[j] != 0 and j <= i``. T need not be a multiple of the block sizes
+    (rows are padded internally); blocks larger than T shrink to T. Output dtype = q's dtype; padding
+    queries (seg 0) give exact zeros and zero gradients.
+    """
+    if q_BxTxHxD.shape[2] % k_BxTxKxD.shape[2]:
+        raise ValueError(f"num heads {q_BxTxHxD.shape[2]} is not a multiple of num kv heads {k_BxTxKxD.shape[2]}")
+    if subtree_end_BxT is None:
         subtree_end_BxT = segment_subtree_end(segment_ids_BxT)
     if impl == "reference":
         return _reference(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, visibility_mask(segment_ids_BxT, subtree_end_BxT))
