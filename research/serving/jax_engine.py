@@ -3,9 +3,12 @@
 One background thread owns the device state (params, cache, slot table) and runs the loop
   admit waiting requests into slots -> prefill ONE chunk of one request -> ONE decode step of all slots
 so a request joins the running batch as soon as a slot is free and leaves it the step it finishes;
-nobody waits for a batch. Long prompts are prefilled in fixed chunks interleaved with decode steps, so
-they do not stall streaming requests. Every jitted function has a fixed shape: compiled once per
-(slots, max_len, chunk). asyncio callers get tokens through `loop.call_soon_threadsafe`.
+nobody waits for a batch. Decode is overlapped: step n+1 is dispatched from the sampled tokens still on
+device before the host fetches and hands out step n, so Python bookkeeping hides behind device work;
+decode runs on the smallest bucket of leading slots that covers every decoding slot. Long prompts are
+prefilled in fixed chunks interleaved with decode steps, so they do not stall streaming requests. Every
+jitted function has a fixed shape: compiled once per (bucket, max_len, chunk). asyncio callers get
+tokens through `loop.call_soon_threadsafe`.
 
 Semantics worth knowing (the shim and the trainer rely on them):
 - logprobs: see sampling.py (after temperature, before top-k/top-p truncation; greedy = T 1).
