@@ -45,7 +45,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if config.get("distributed") and config.distributed.enabled:
         import jax
 
-        jax.distributed.initialize(**{k: v for k, v in config.distributed.to_dict().items() if k != "enabled" and v})
+        kw = {k: v for k, v in config.distributed.to_dict().items() if k != "enabled" and v not in ("", 0, -1, None)}
+        jax.distributed.initialize(**kw)  # empty fields: auto-detected (TPU pods, SLURM, ...)
     return asyncio.run(Loop(config, workdir).run())
 
 

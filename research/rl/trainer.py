@@ -42,6 +42,39 @@ def pipeline_config(config: ml_collections.ConfigDict) -> PipelineConfig:
                           aggregation=config.rl.aggregation, merge_generations=True, seed=config.seed)
 
 
+def tree_objective(config: ml_collections.ConfigDict) -> TreeObjective:
+    return TreeObjective(loss=loss_config(config), critic="head" if config.algo == "ppo" else "none",
+                         logprob_chunk=config.train.logprob_chunk, temperature=1.0)
+
+
+def state_init(config: ml_collections.ConfigDict, model_cfg, obj: TreeObjective) -> StateInit:
+    """Policy (+ value head for PPO) params and their optimizers, as functions (nothing is allocated)."""
+    optimizer, _ = make_optimizer(config.optim)
+    # (expert parallelism does not change the params; the init forward runs without it, as in train.state)
+    init_cfg = model_cfg.replace(expert_parallel=False)
+    init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
+    if obj.critic == "none":
+        return StateInit(init_fn=init_fn, optimizer=optimizer)
+    critic_optimizer, _ = make_optimizer(config.critic_optim)
+    critic_init = lambda r: init_critic_params(model_cfg, obj, r)
+    return StateInit(init_fn=init_fn, optimizer=optimizer, critic_init_fn=critic_init,
+                     critic_optimizer=critic_optimizer)
+
+
+def batch_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    return tuple(config.train.get("batch_axes", ("data", "fsdp")))
+
+
+def make_steps(config: ml_collections.ConfigDict, model_cfg, obj: TreeObjective, init: StateInit, mesh,
+               state_shardings) -> dict:
+    """{"rl": TrainStep, "sft": TrainStep} sharing the state layout; rows sharded over `batch_axes`."""
+    rows = NamedSharding(mesh, PartitionSpec(batch_axes(config)))
+    kw = dict(optimizer=init.optimizer, state_shardings=state_shardings, batch_shardings=rows,
+              critic_optimizer=init.critic_optimizer, num_microbatches=config.train.num_microbatches)
+    return {"rl": make_train_step(loss_fn=make_rl_loss_fn(model_cfg, obj), **kw),
+            "sft": make_train_step(loss_fn=make_sft_loss_fn(model_cfg, obj), **kw)}
+
+
 class Learner:
     def __init__(self, config: ml_collections.ConfigDict):
         if config.algo not in ALGOS:
@@ -49,25 +82,17 @@ class Learner:
         self.config = config
         self.model_cfg = model_config(config)
         self.mesh = make_mesh(config.mesh)
-        self.obj = TreeObjective(loss=loss_config(config), critic="head" if config.algo == "ppo" else "none",
-                                 logprob_chunk=config.train.logprob_chunk, temperature=1.0)
-        self.optimizer, _ = make_optimizer(config.optim)
-        self.critic_optimizer = None
-        init_fn = lambda r: Qwen3(self.model_cfg).init(r, *dummy_inputs())["params"]
-        critic_init = None
-        if self.obj.critic != "none":
-            self.critic_optimizer, _ = make_optimizer(config.critic_optim)
-            critic_init = lambda r: init_critic_params(self.model_cfg, self.obj, r)
-        self.init = StateInit(init_fn=init_fn, optimizer=self.optimizer, critic_init_fn=critic_init,
-                              critic_optimizer=self.critic_optimizer)
+        self.obj = tree_objective(config)
+        self.init = state_init(config, self.model_cfg, self.obj)
         rules = self.model_cfg.logical_rules
         self.state, self.shardings = init_train_state(self.init, self.mesh, rules, jax.random.PRNGKey(config.seed))
         self.abstract = abstract_train_state(self.init, self.mesh, rules)
-        rows = NamedSharding(self.mesh, PartitionSpec(("data", "fsdp")))
-        kw = dict(optimizer=self.optimizer, state_shardings=self.shardings, batch_shardings=rows,
-                  critic_optimizer=self.critic_optimizer, num_microbatches=config.train.num_microbatches)
-        self._steps = {"rl": make_train_step(loss_fn=make_rl_loss_fn(self.model_cfg, self.obj), **kw),
-                       "sft": make_train_step(loss_fn=make_sft_loss_fn(self.model_cfg, self.obj), **kw)}
+        if config.get("init_checkpoint"):  # start from an HF checkpoint (a resumed run restores over it)
+            from research.models.hf_io import load_hf
+
+            params, _ = load_hf(config.init_checkpoint, self.model_cfg, shardings=self.shardings.params)
+            self.state = self.state.replace(params=params)
+        self._steps = make_steps(config, self.model_cfg, self.obj, self.init, self.mesh, self.shardings)
         self._eval = make_eval_fn(self.model_cfg, self.obj)
 
     @property
