@@ -21,6 +21,7 @@ from research.serving.api import Engine, GenerateRequest
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
 REAL = ["claude_code", "codex", "opencode", "openclaw"]
+APPEND_ONLY = {"claude_code", "codex", "opencode"}  # in this short task (Claude Code rewrites reminders later)
 BACKENDS = ["bwrap", pytest.param("docker", marks=pytest.mark.docker)]
 TASK = LIBRARY / "file_hello"
 SOLVE = "printf 'Hello, world!\\n' > hello.txt && cat hello.txt"
@@ -93,6 +94,14 @@ def test_real_harness_solves_task_in_sandbox_through_shim(name, backend_name, tm
         assert c.status == "ok"
     tool_calls = [c for c in calls if "<tool_call>" in tok.decode(c.completion_ids)]
     assert len(tool_calls) == 1  # the scripted shell call, once
+    # Token-in, token-out through a real harness: the call after the tool call continues its exact tokens.
+    (nxt,) = [c for c in calls if c.parent_call_id == tool_calls[0].call_id]
+    full = tool_calls[0].prompt_ids + tool_calls[0].completion_ids
+    if name in APPEND_ONLY:
+        assert nxt.prompt_ids[: len(full)] == full and nxt.prefix_match_len == len(full)
+    else:  # OpenClaw moves its internal-context message each turn: a branch, recorded as such
+        assert len(tool_calls[0].prompt_ids) // 2 < nxt.prefix_match_len < len(full)
+        assert nxt.prompt_ids[: nxt.prefix_match_len] == full[: nxt.prefix_match_len]
     tree = build_tree(calls, [res])
     assert len(tree.calls) == len(calls)
     # The tree shares the common prefix: fewer nodes than the flat tokens of all calls.
