@@ -44,7 +44,8 @@ async def _round(engine: JaxEngine, prompts: list[list[int]], new_tokens: int) -
 
 async def _ours(cfg, params, prompts, concurrency, new_tokens, prompt_len) -> tuple[dict, list[int]]:
     slots = max(concurrency)
-    ecfg = EngineConfig(num_slots=slots, max_len=prompt_len + new_tokens + 8, prefill_chunk=prompt_len)
+    ecfg = EngineConfig(num_slots=slots, max_len=prompt_len + new_tokens + 8, prefill_chunk=prompt_len,
+                        decode_buckets=tuple(sorted(set(concurrency))))
     engine = JaxEngine(Qwen3Runner(cfg), params, config=ecfg)
     try:
         await _round(engine, prompts[:slots], 4)  # waits for the warm-up compilation, fills every bucket

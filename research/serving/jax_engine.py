@@ -76,7 +76,7 @@ class EngineConfig:
     retry_after_s: float = 1.0
     warmup: bool = True  # compile the step functions when the engine starts, not on the first request
     # Decode runs on the first k slots, k the smallest bucket covering every decoding slot: one request
-    # does not pay for 32 slots. () = powers of two up to num_slots (one compilation each).
+    # does not pay for 32 slots. () = 1, 4, 16, ... below num_slots, then num_slots (one compile each).
     decode_buckets: tuple[int, ...] = ()
 
     def buckets(self) -> tuple[int, ...]:
@@ -84,7 +84,7 @@ class EngineConfig:
             if max(self.decode_buckets) != self.num_slots:
                 raise ValueError(f"decode_buckets {self.decode_buckets} must end at num_slots={self.num_slots}")
             return tuple(sorted(set(self.decode_buckets)))
-        out = [b for b in (1 << i for i in range(self.num_slots.bit_length())) if b < self.num_slots]
+        out = [b for b in (4**i for i in range(self.num_slots.bit_length())) if b < self.num_slots]
         return (*out, self.num_slots)
 
 
