@@ -114,8 +114,7 @@ def test_remat_policies_same_grads_and_scan_is_depth_independent():
         return jax.jit(jax.grad(f))(p)
 
     ref = grads(base)
-    for policy in ("full", "dots_no_batch"):
-        chex.assert_trees_all_close(grads(base.replace(remat_policy=policy)), ref, atol=1e-6)
+    chex.assert_trees_all_close(grads(base.replace(remat_policy="full")), ref, atol=1e-6)
     with pytest.raises(ValueError, match="unknown remat_policy"):
         grads(base.replace(remat_policy="bogus"))
     # nn.scan: the traced program has the same size for 2 and 12 layers
