@@ -19,6 +19,8 @@ Implementations (``impl=``):
   diagonal blocks and below, of the same segment, are visited.
 - ``"dense_blocks"``: the blockwise kernel with skipping disabled (every key block visited, masked per
   element): the no-skipping baseline of ``research/benchmarks/attention.py``.
+- ``"pallas"``: the blockwise algorithm with the forward as a Pallas kernel (``attention_pallas.py``; interpret
+  mode on CPU, tested; not yet run on an accelerator), backward as in ``"blockwise"``.
 - ``"auto"``: ``"blockwise"``, and under an ambient mesh (``jax.set_mesh``) via ``attend_on_mesh``: rows
   over the batch axes and kv heads over ``tensor`` in a ``shard_map`` (the SPMD partitioner cannot split
   the kernel's block loops and would all-gather the batch onto every device).
@@ -42,7 +44,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-IMPLS = ("auto", "blockwise", "causal", "dense_blocks", "reference")
+from research.models import attention_pallas
+
+IMPLS = ("auto", "blockwise", "causal", "dense_blocks", "pallas", "reference")
 _NEG = -1e30  # finite "minus infinity": masked logits never produce inf - inf = NaN
 
 
@@ -261,17 +265,24 @@ def _flash_bwd_impl(qT, kT, vT, bl: _Blocks, outT, lse, doT, groups: int):
     return dq.astype(qT.dtype), dk.astype(kT.dtype), dv.astype(vT.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(qT, kT, vT, bl: _Blocks, groups: int):
-    return _flash_fwd_impl(qT, kT, vT, bl, groups)[0]
+def _fwd(qT, kT, vT, bl, groups, kernel: str):
+    if kernel == "pallas":  # interpret mode where there is no accelerator to lower to
+        interpret = jax.default_backend() == "cpu"
+        return attention_pallas.flash_fwd_pallas(qT, kT, vT, bl, groups, interpret=interpret)
+    return _flash_fwd_impl(qT, kT, vT, bl, groups)
 
 
-def _flash_fwd(qT, kT, vT, bl, groups):
-    out, lse = _flash_fwd_impl(qT, kT, vT, bl, groups)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash(qT, kT, vT, bl: _Blocks, groups: int, kernel: str):
+    return _fwd(qT, kT, vT, bl, groups, kernel)[0]
+
+
+def _flash_fwd(qT, kT, vT, bl, groups, kernel):
+    out, lse = _fwd(qT, kT, vT, bl, groups, kernel)
     return out, (qT, kT, vT, bl, out, lse)
 
 
-def _flash_bwd(groups, res, doT):
+def _flash_bwd(groups, kernel, res, doT):
     qT, kT, vT, bl, out, lse = res
     dq, dk, dv = _flash_bwd_impl(qT, kT, vT, bl, out, lse, doT, groups)
     return dq, dk, dv, jax.tree.map(lambda _: None, bl)
@@ -280,7 +291,7 @@ def _flash_bwd(groups, res, doT):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool = True):
+def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool = True, kernel: str = "jnp"):
     """Pad T, lay blocks out as [blocks, K, G*block, D] (kv-head-batched matmuls), run the flash kernel."""
     B, T, H, D = q.shape
     K = k.shape[2]
@@ -299,7 +310,7 @@ def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool 
     qT = qs.reshape(B, nq, bq, K, G, D).transpose(0, 1, 3, 4, 2, 5).reshape(B * nq, K, G * bq, D)
     kT = k.reshape(B, nk, bk, K, D).transpose(0, 1, 3, 2, 4).reshape(B * nk, K, bk, D)
     vT = v.reshape(B, nk, bk, K, D).transpose(0, 1, 3, 2, 4).reshape(B * nk, K, bk, D)
-    outT = _flash(qT, kT, vT, bl, G)
+    outT = _flash(qT, kT, vT, bl, G, kernel)
     out = outT.reshape(B, nq, K, G, bq, D).transpose(0, 1, 4, 2, 3, 5).reshape(B, Tp, H, D)
     return out[:, :T]
 
@@ -340,7 +351,7 @@ def attend(
             block_q=block_q,
             block_k=block_k,
         )
-    if impl in ("blockwise", "causal", "dense_blocks"):
+    if impl in ("blockwise", "causal", "dense_blocks", "pallas"):
         return _blockwise(
             q_BxTxHxD,
             k_BxTxKxD,
@@ -351,6 +362,7 @@ def attend(
             bk=block_k,
             causal=impl == "causal",
             skip=impl != "dense_blocks",
+            kernel="pallas" if impl == "pallas" else "jnp",
         )
     raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
 
