@@ -31,7 +31,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.critic_optim = default_optim_config()
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(dict(
-        steps=30,  # RL steps (after the SFT phase)
+        steps=12,  # RL steps (after the SFT phase)
         batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=64))
     config.rl = ml_collections.ConfigDict(dict(
         estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.0,
@@ -46,8 +46,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0))
     config.engine = ml_collections.ConfigDict(dict(num_slots=4, max_len=1024, prefill_chunk=256))
     config.sync = ml_collections.ConfigDict(dict(kind="jax", sglang_url="", export_dtype="bfloat16"))
-    config.sft = ml_collections.ConfigDict(dict(steps=150, groups_per_step=8, num_demos=-1, expert="make_file"))
-    config.eval = ml_collections.ConfigDict(dict(every=10, num_tasks=-1, at_start=True, after_sft=True))
+    config.sft = ml_collections.ConfigDict(dict(steps=260, groups_per_step=8, num_demos=-1, expert="make_file"))
+    config.eval = ml_collections.ConfigDict(dict(every=6, num_tasks=-1, at_start=True, after_sft=True))
     config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=2))
     config.metrics = ml_collections.ConfigDict(dict(tensorboard=True, plot_every=10))
     config.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="", num_processes=0,
