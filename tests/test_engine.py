@@ -266,3 +266,25 @@ def test_dense_tied_model_matches_full_forward():
     res = run(go())
     assert res.routed_experts is None
     check_against_reference(params, req, res, cfg)
+
+
+def test_group_sharing_a_long_prompt_prefills_it_once(runner, params):
+    """GRPO-style: 3 samples of one 40-token prompt arrive together; later ones wait and copy the slot."""
+    shared = prompt_of(40, 11)
+    reqs = [greedy_req(shared + [7 + i], n=5) for i in range(3)]
+
+    async def go():
+        eng = make_engine(runner, params)
+        try:
+            await eng.flush_cache()
+            before = dict(eng.stats)
+            results = await asyncio.gather(*(eng.generate(r) for r in reqs))
+            return results, {k: eng.stats[k] - before.get(k, 0) for k in eng.stats}
+        finally:
+            await eng.close()
+
+    results, stats = run(go())
+    assert stats["slot_copies"] == 2
+    assert stats["prefill_tokens"] == 41 + 2 * 1  # the prompt once, then one suffix token per copy
+    for req, res in zip(reqs, results):
+        check_against_reference(params, req, res)

@@ -52,7 +52,7 @@ from research.serving.api import (
 )
 from research.serving.runner import ModelRunner, StepFunctions
 from research.serving.sampling import request_key
-from research.serving.scheduler import SlotTable
+from research.serving.scheduler import SlotTable, common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,11 @@ def _committed(params):
     are placed the same way, so a weight swap never triggers a recompile."""
     dev = jax.devices()[0]
     return jax.tree.map(lambda a: jax.device_put(a, a.sharding if isinstance(a, jax.Array) else dev), params)
+
+
+def _worth_waiting(shared: int, filled: int, chunk: int) -> bool:
+    """Wait for another request's prefill when it shares >= a chunk of prompt and has not written it all."""
+    return shared >= chunk and shared > filled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,10 +108,17 @@ class _Req:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     experts: list[np.ndarray] = dataclasses.field(default_factory=list)
     cancelled: bool = False
+    _head: tuple[int, int] | None = None
 
     @property
     def prompt(self) -> list[int]:
         return self.req.prompt_ids
+
+    def head(self, n: int) -> int:
+        """Hash of the first n prompt tokens: cheap grouping before comparing long prompts."""
+        if self._head is None or self._head[0] != n:
+            self._head = (n, hash(tuple(self.req.prompt_ids[:n])))
+        return self._head[1]
 
     def send(self, item: object) -> None:
         """Hands `item` to the caller's event loop; a caller whose loop is gone counts as cancelled."""
@@ -361,12 +373,25 @@ class JaxEngine(Engine):
         self._waiting.clear()
 
     def _admit(self) -> None:
+        """Moves waiting requests into slots, FIFO, except one that shares at least a chunk of prompt
+        prefix with a request still prefilling: it waits for that prefill and then copies the slot
+        (the G samples of a GRPO group arrive together with one long prompt: prefill it once, not G times)."""
+        C = self.cfg.prefill_chunk
+        prefilling: dict[int, list[_Req]] = {}
+        for a in self._active.values():
+            if a.filled < len(a.prompt) and len(a.prompt) > C:
+                prefilling.setdefault(a.head(C), []).append(a)
+        deferred: list[_Req] = []
         while self._admitting and self._waiting and self._slots.has_room():
-            r = self._waiting[0]
+            r = self._waiting.popleft()
+            if len(r.prompt) > C and any(_worth_waiting(common_prefix_len(a.prompt, r.prompt), a.filled, C)
+                                         for a in prefilling.get(r.head(C), ())):
+                deferred.append(r)
+                continue
             p = self._slots.place(r.prompt, r.req.session_id, self._version)
             if p is None:
-                return
-            self._waiting.popleft()
+                self._waiting.appendleft(r)
+                break
             if p.copy_from is not None:
                 self._cache = self._fns.copy_slot(self._cache, jnp.int32(p.copy_from), jnp.int32(p.slot))
                 self.stats["slot_copies"] += 1
@@ -375,6 +400,10 @@ class JaxEngine(Engine):
             self._active[p.slot] = r
             self.stats["reused_tokens"] += p.reuse
             self.stats["admitted"] += 1
+            if r.filled < len(r.prompt) and len(r.prompt) > C:
+                prefilling.setdefault(r.head(C), []).append(r)
+        self._waiting.extendleft(reversed(deferred))
+        self.stats["deferred_for_prefix"] += len(deferred)
 
     def _prefill_step(self) -> bool:
         """Prefills one chunk of the oldest request still prefilling; samples its first token at the end."""
