@@ -79,3 +79,19 @@ def test_param_shardings_cover_every_leaf():
     assert specs["['layers_0']['moe']['router']"] == P(None, "fsdp", None)
     with pytest.raises(ValueError, match="needs 16 devices"):
         make_mesh(data=2, fsdp=2, expert=2, tensor=2)
+
+
+def test_expert_parallel_with_indivisible_token_count():
+    """3 tokens on a 4-way batch mesh: the EP kernel replicates tokens instead of failing."""
+    from research.models.moe import experts_dense, experts_expert_parallel, route
+
+    ks = jax.random.split(jax.random.key(3), 5)
+    N, D, I, E = 3, 16, 8, 8
+    x, router = jax.random.normal(ks[0], (N, D)), jax.random.normal(ks[1], (D, E))
+    wg, wu, wo = (jax.random.normal(k, s) * 0.3 for k, s in zip(ks[2:], [(E, D, I), (E, D, I), (E, I, D)]))
+    w, ids = route(x, router, top_k=2, norm_topk_prob=True)
+    mesh = make_mesh(data=2, fsdp=1, expert=2, tensor=2)
+    with use_mesh(mesh):
+        y = jax.jit(functools.partial(experts_expert_parallel, impl="blocked", batch_rule=("data", "fsdp", "expert")))(
+            x, ids, w, wg, wu, wo)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(experts_dense(x, ids, w, wg, wu, wo)), atol=1e-5)

@@ -23,6 +23,7 @@ does not); on TPU the all-to-all dispatch is the natural upgrade for large exper
 from __future__ import annotations
 
 import functools
+import math
 
 import flax.linen as nn
 import jax
@@ -151,6 +152,8 @@ def experts_expert_parallel(x_NxD, ids_NxK, w_NxK, wg, wu, wo, *, impl: str, bat
     if mesh.empty or "expert" not in mesh.axis_names:  # no mesh (init, eval_shape, 1 device): same math, local
         return _IMPLS[impl](x_NxD, ids_NxK, w_NxK, wg, wu, wo)
     batch_axes = _mesh_axes(mesh, batch_rule)
+    if x_NxD.shape[0] % math.prod(mesh.shape[a] for a in batch_axes):
+        batch_axes = ()  # too few tokens to split (e.g. a small decode batch): replicate them, psum the experts
     ep = mesh.shape["expert"]
     E = wg.shape[0]
     if E % ep:
