@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import itertools
 import logging
 import queue
@@ -52,7 +51,7 @@ from research.serving.api import (
 )
 from research.serving.runner import ModelRunner, StepFunctions
 from research.serving.sampling import request_key
-from research.serving.scheduler import SlotTable, common_prefix_len
+from research.serving.scheduler import EngineConfig, Request, SlotTable, common_prefix_len, worth_waiting
 
 log = logging.getLogger(__name__)
 
@@ -62,70 +61,6 @@ def _committed(params):
     are placed the same way, so a weight swap never triggers a recompile."""
     dev = jax.devices()[0]
     return jax.tree.map(lambda a: jax.device_put(a, a.sharding if isinstance(a, jax.Array) else dev), params)
-
-
-def _worth_waiting(shared: int, filled: int, chunk: int) -> bool:
-    """Wait for another request's prefill when it shares >= a chunk of prompt and has not written it all."""
-    return shared >= chunk and shared > filled
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    num_slots: int = 8
-    max_len: int = 2048  # longest prompt + completion a slot holds
-    prefill_chunk: int = 128
-    on_update: str = "drain"  # drain | abort
-    keep_cache: bool = True  # park finished requests' KV for prefix reuse
-    min_reuse: int = 1  # shortest cached prefix worth reusing
-    queue_while_paused: bool = False
-    retry_after_s: float = 1.0
-    warmup: bool = True  # compile the step functions when the engine starts, not on the first request
-    # Decode runs on the first k slots, k the smallest bucket covering every decoding slot: one request
-    # does not pay for 32 slots. () = 1, 4, 16, ... below num_slots, then num_slots (one compile each).
-    decode_buckets: tuple[int, ...] = ()
-
-    def buckets(self) -> tuple[int, ...]:
-        if self.decode_buckets:
-            if max(self.decode_buckets) != self.num_slots:
-                raise ValueError(f"decode_buckets {self.decode_buckets} must end at num_slots={self.num_slots}")
-            return tuple(sorted(set(self.decode_buckets)))
-        out = [b for b in (4**i for i in range(self.num_slots.bit_length())) if b < self.num_slots]
-        return (*out, self.num_slots)
-
-
-@dataclasses.dataclass(eq=False)
-class _Req:
-    """Engine-internal state of one request; touched only by the engine thread after submission."""
-
-    req: GenerateRequest
-    emit: Callable[[object], None]
-    max_new: int
-    key: np.ndarray
-    slot: int = -1
-    filled: int = 0  # prompt tokens whose K/V are in the slot
-    version: int = -1
-    out: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    experts: list[np.ndarray] = dataclasses.field(default_factory=list)
-    cancelled: bool = False
-    _head: tuple[int, int] | None = None
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.req.prompt_ids
-
-    def head(self, n: int) -> int:
-        """Hash of the first n prompt tokens: cheap grouping before comparing long prompts."""
-        if self._head is None or self._head[0] != n:
-            self._head = (n, hash(tuple(self.req.prompt_ids[:n])))
-        return self._head[1]
-
-    def send(self, item: object) -> None:
-        """Hands `item` to the caller's event loop; a caller whose loop is gone counts as cancelled."""
-        try:
-            self.emit(item)
-        except RuntimeError:  # "Event loop is closed"
-            self.cancelled = True
 
 
 class JaxEngine(Engine):
@@ -139,8 +74,8 @@ class JaxEngine(Engine):
         self._slots = SlotTable(config.num_slots, min_reuse=config.min_reuse)
         self._tok_buf = _committed(jnp.zeros(config.num_slots, jnp.int32))  # last sampled token per slot
         self._inflight: tuple | None = None  # a dispatched decode step whose results are not processed yet
-        self._active: dict[int, _Req] = {}  # slot -> request
-        self._waiting: collections.deque[_Req] = collections.deque()
+        self._active: dict[int, Request] = {}  # slot -> request
+        self._waiting: collections.deque[Request] = collections.deque()
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._admitting = True  # False while paused or draining for a weight update
@@ -225,7 +160,7 @@ class JaxEngine(Engine):
         await asyncio.to_thread(self._thread.join)
 
     # ---------------------------------------------------------------- helpers (asyncio side)
-    def _make_request(self, req: GenerateRequest) -> _Req:
+    def _make_request(self, req: GenerateRequest) -> Request:
         if self._closed:
             raise EngineUnavailable("engine is closed", retry_after_s=self.cfg.retry_after_s)
         if self._paused and not self.cfg.queue_while_paused:
@@ -245,7 +180,7 @@ class JaxEngine(Engine):
             raise ValueError(f"need 0 < top_p <= 1 and temperature >= 0, got top_p={sp.top_p}, "
                              f"temperature={sp.temperature}")
         seed = sp.seed if sp.seed is not None else next(self._seeds)
-        return _Req(
+        return Request(
             req=req, emit=lambda _: None, max_new=min(sp.max_new_tokens, self.cfg.max_len - n),
             key=np.asarray(request_key(seed)),
         )
@@ -358,7 +293,7 @@ class JaxEngine(Engine):
         self._set_admitting(True)
         self.stats["weight_updates"] += 1
 
-    def _cancel(self, r: _Req) -> None:
+    def _cancel(self, r: Request) -> None:
         r.cancelled = True
         if r in self._waiting:
             self._waiting.remove(r)
@@ -377,14 +312,14 @@ class JaxEngine(Engine):
         prefix with a request still prefilling: it waits for that prefill and then copies the slot
         (the G samples of a GRPO group arrive together with one long prompt: prefill it once, not G times)."""
         C = self.cfg.prefill_chunk
-        prefilling: dict[int, list[_Req]] = {}
+        prefilling: dict[int, list[Request]] = {}
         for a in self._active.values():
             if a.filled < len(a.prompt) and len(a.prompt) > C:
                 prefilling.setdefault(a.head(C), []).append(a)
-        deferred: list[_Req] = []
+        deferred: list[Request] = []
         while self._admitting and self._waiting and self._slots.has_room():
             r = self._waiting.popleft()
-            if len(r.prompt) > C and any(_worth_waiting(common_prefix_len(a.prompt, r.prompt), a.filled, C)
+            if len(r.prompt) > C and any(worth_waiting(common_prefix_len(a.prompt, r.prompt), a.filled, C)
                                          for a in prefilling.get(r.head(C), ())):
                 deferred.append(r)
                 continue
@@ -476,7 +411,7 @@ class JaxEngine(Engine):
             self._accept(r, int(tok_B[r.slot]), float(lp_B[r.slot]), experts_B[r.slot])
         return True
 
-    def _accept(self, r: _Req, tok: int, lp: float, experts: np.ndarray) -> None:
+    def _accept(self, r: Request, tok: int, lp: float, experts: np.ndarray) -> None:
         r.out.append(tok)
         r.logprobs.append(lp)
         if r.req.return_routed_experts:
@@ -490,7 +425,7 @@ class JaxEngine(Engine):
         elif len(r.out) >= r.max_new:
             self._finish(r, "length")
 
-    def _finish(self, r: _Req, reason: str) -> None:
+    def _finish(self, r: Request, reason: str) -> None:
         experts = None
         if r.req.return_routed_experts and self.runner.routing_shape is not None:
             L, K = self.runner.routing_shape
@@ -503,7 +438,7 @@ class JaxEngine(Engine):
         )
         self._release(r, keep=True)
 
-    def _release(self, r: _Req, *, keep: bool) -> None:
+    def _release(self, r: Request, *, keep: bool) -> None:
         if self._active.get(r.slot) is r:
             del self._active[r.slot]
             self._slots.release(r.slot, keep=keep and self.cfg.keep_cache)

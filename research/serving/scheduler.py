@@ -9,12 +9,20 @@ prefix (LCP) with it. A parked match is taken over in place; a match in a busy s
 samples of a GRPO group, or another session on the same task) is *copied* into a free slot (one
 device row copy, far cheaper than prefilling thousands of tokens). Caches are tagged with the
 weight version that produced them and are never reused across versions.
+
+Also here: `EngineConfig` (the engine's knobs) and `Request` (a request's host-side state while the
+engine thread owns it), so jax_engine.py holds only the loop and the asyncio bridge.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from research.serving.api import GenerateRequest
 
 FREE, BUSY, PARKED = "free", "busy", "parked"
 
@@ -120,3 +128,67 @@ class SlotTable:
 
     def busy(self) -> list[int]:
         return [s.index for s in self.slots if s.state == BUSY]
+
+
+def worth_waiting(shared: int, filled: int, chunk: int) -> bool:
+    """Wait for another request's prefill when it shares >= a chunk of prompt and has not written it all."""
+    return shared >= chunk and shared > filled
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    num_slots: int = 8
+    max_len: int = 2048  # longest prompt + completion a slot holds
+    prefill_chunk: int = 128
+    on_update: str = "drain"  # drain | abort
+    keep_cache: bool = True  # park finished requests' KV for prefix reuse
+    min_reuse: int = 1  # shortest cached prefix worth reusing
+    queue_while_paused: bool = False
+    retry_after_s: float = 1.0
+    warmup: bool = True  # compile the step functions when the engine starts, not on the first request
+    # Decode runs on the first k slots, k the smallest bucket covering every decoding slot: one request
+    # does not pay for 32 slots. () = 1, 4, 16, ... below num_slots, then num_slots (one compile each).
+    decode_buckets: tuple[int, ...] = ()
+
+    def buckets(self) -> tuple[int, ...]:
+        if self.decode_buckets:
+            if max(self.decode_buckets) != self.num_slots:
+                raise ValueError(f"decode_buckets {self.decode_buckets} must end at num_slots={self.num_slots}")
+            return tuple(sorted(set(self.decode_buckets)))
+        out = [b for b in (4**i for i in range(self.num_slots.bit_length())) if b < self.num_slots]
+        return (*out, self.num_slots)
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """Engine-internal state of one request; touched only by the engine thread after submission."""
+
+    req: GenerateRequest
+    emit: Callable[[object], None]
+    max_new: int
+    key: np.ndarray
+    slot: int = -1
+    filled: int = 0  # prompt tokens whose K/V are in the slot
+    version: int = -1
+    out: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    experts: list[np.ndarray] = dataclasses.field(default_factory=list)
+    cancelled: bool = False
+    _head: tuple[int, int] | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.req.prompt_ids
+
+    def head(self, n: int) -> int:
+        """Hash of the first n prompt tokens: cheap grouping before comparing long prompts."""
+        if self._head is None or self._head[0] != n:
+            self._head = (n, hash(tuple(self.req.prompt_ids[:n])))
+        return self._head[1]
+
+    def send(self, item: object) -> None:
+        """Hands `item` to the caller's event loop; a caller whose loop is gone counts as cancelled."""
+        try:
+            self.emit(item)
+        except RuntimeError:  # "Event loop is closed"
+            self.cancelled = True
