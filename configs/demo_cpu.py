@@ -24,10 +24,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.algo = "grpo"  # grpo | ppo | sft
     config.tokenizer_dir = str(REPO.parent / "shared" / "qwen3")
     config.model.update(vocab_size=151936, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=32,
+                        num_kv_heads=2, head_dim=64,  # wide heads: qk-norm caps logits at sqrt(head_dim)
                         attention_impl="reference")  # dense mask: fastest on CPU at 512-token rows
     config.mesh.update(data=1)
-    config.optim.update(learning_rate=3e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
+    config.optim.update(learning_rate=4e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
     config.critic_optim = default_optim_config()
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(dict(
