@@ -372,6 +372,13 @@ def _live_axes(mesh, axes) -> tuple[str, ...]:
     return tuple(a for a in axes if a is not None and a in mesh.axis_names and mesh.shape[a] > 1)
 
 
+def _dividing_prefix(mesh, axes: tuple[str, ...], size: int) -> tuple[str, ...]:
+    n = 0
+    while n < len(axes) and size % math.prod(mesh.shape[a] for a in axes[: n + 1]) == 0:
+        n += 1
+    return axes[:n]
+
+
 def attend_on_mesh(
     q_BxTxHxD: Float[Array, "B T H D"],
     k_BxTxKxD: Float[Array, "B T K D"],
@@ -398,11 +405,9 @@ def attend_on_mesh(
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.manual_axes:  # no mesh, or already inside a shard_map: the caller split the work
         return run(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT=segment_ids_BxT, subtree_end_BxT=subtree_end_BxT)
-    b_axes, h_axes = _live_axes(mesh, batch_axes), _live_axes(mesh, head_axes)
-    if q_BxTxHxD.shape[0] % math.prod(mesh.shape[a] for a in b_axes):
-        b_axes = ()
-    if k_BxTxKxD.shape[2] % math.prod(mesh.shape[a] for a in h_axes):
-        h_axes = ()  # kv heads do not split evenly: keep heads whole on every device
+    # the longest prefix of each axis list that splits the dimension evenly (else that dim stays whole)
+    b_axes = _dividing_prefix(mesh, _live_axes(mesh, batch_axes), q_BxTxHxD.shape[0])
+    h_axes = _dividing_prefix(mesh, _live_axes(mesh, head_axes), k_BxTxKxD.shape[2])
     if not b_axes and not h_axes:
         return run(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT=segment_ids_BxT, subtree_end_BxT=subtree_end_BxT)
     P = jax.sharding.PartitionSpec
