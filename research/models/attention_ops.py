@@ -1,4 +1,4 @@
-"""Tree-structured attention over packed rows: one mask contract, three implementations.
+"""Tree-structured attention over packed rows: one mask contract, several implementations.
 
 A packed row holds several prefix trees (or plain sequences) laid out in DFS order. The mask is given in
 O(T) memory by two int arrays: key j is visible to query i iff
@@ -25,13 +25,15 @@ Implementations (``impl=``):
   over the batch axes and kv heads over ``tensor`` in a ``shard_map`` (the SPMD partitioner cannot split
   the kernel's block loops and would all-gather the batch onto every device).
 
-Mapping to accelerators. On TPU the same (visibility-list, per-block mask) structure is exactly what
-splash attention consumes: ``jax.experimental.pallas.ops.tpu.splash_attention`` takes a block mask plus a
-per-element mask function; our mask function reads the four O(T) vectors (seg_q, seg_k, idx, subtree_end)
-from SMEM/VMEM, and the compacted lists are its ``data_next``/``mask_next`` block tables. On GPU a Pallas
-(Triton) kernel iterates the same per-query-block key list (block-sparse FlashAttention), or cuDNN's
-flash attention is used for the causal path. On CPU this jnp path is what runs; the per-block bodies are
-batched matmuls over kv heads, so XLA:CPU runs them with its threaded dot kernels.
+Mapping to accelerators. Our per-pair classification (skip / partial / full) is splash attention's
+``block_mask`` (0 / 1 / 2), and the compacted key-block list per query block is its ``data_next`` table
+(``jax.experimental.pallas.ops.tpu.splash_attention``, ``MaskInfo``). Stock splash builds ``MaskInfo`` on the
+host from a static mask; a tree differs per batch, so on TPU the same tables come from ``_block_lists`` on
+device and go to the kernel as scalar-prefetch operands (``PrefetchScalarGridSpec``: the K/V ``index_map``
+reads ``kidx``), with the per-element mask computed in-kernel from the four O(T) vectors (seg, idx,
+subtree_end). On GPU a Pallas/Triton kernel walks the same list (block-sparse FlashAttention); the
+``"pallas"`` impl here is that forward kernel; the causal path can use cuDNN flash attention. On CPU the
+jnp path is what runs; the per-block bodies are matmuls batched over kv heads that XLA:CPU threads.
 """
 
 from __future__ import annotations
