@@ -134,8 +134,8 @@ def test_remote_engine_takes_and_returns_token_ids():
 
 
 def test_launch_eval_end_to_end(tmp_path, qwen3_tokenizer_dir):
+    from harness_env.eval.run import build_engine, evaluate, task_dirs
     from harness_env.runner import RunnerConfig
-    from launch.eval import build_engine, evaluate, task_dirs
     from research.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(qwen3_tokenizer_dir)

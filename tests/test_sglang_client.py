@@ -15,7 +15,6 @@ import jax
 import numpy as np
 import pytest
 
-from launch.serve import build
 from research.models import init_params, tiny_moe
 from research.models.hf_io import save_hf
 from research.serving.api import (
@@ -28,6 +27,7 @@ from research.serving.api import (
 )
 from research.serving.jax_engine import EngineConfig
 from research.serving.native_server import SGLANG_SAMPLING_KEYS, NativeServer
+from research.serving.serve import build
 from research.serving.sglang_client import SGLangClient, decode_routed_experts, sampling_params_json
 
 ECFG = EngineConfig(num_slots=4, max_len=64, prefill_chunk=16, decode_buckets=(4,))
