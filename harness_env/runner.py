@@ -177,7 +177,8 @@ class Runner:
         base["session_ids"] = [session.session_id]
         path = urlparse(session.base_url).path.rstrip("/")
         ctx = SessionContext(base_url=f"http://127.0.0.1:{self.cfg.shim_port}{path}", api_key=session.api_key,
-                             model=self.cfg.model, home=HOME, workspace=WORKSPACE, max_turns=self.cfg.max_turns)
+                             model=self.cfg.model, home=HOME, workspace=WORKSPACE, max_turns=self.cfg.max_turns,
+                             context_window=getattr(getattr(self.gateway, "engine", None), "max_context", 32768))
         session_open = True
         sbx = None
         try:
