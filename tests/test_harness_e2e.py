@@ -1,7 +1,7 @@
 """Acceptance (issue 5): each real harness, installed from npm, runs in a bwrap and in a docker sandbox on
 one of our tasks, through the shim (real Qwen3 tokenizer) with a scripted replay engine that emits the
 right tool calls for that harness: reward 1.0, every call captured, the group's tree built. And once
-with the tiny JAX model (reference harness and Codex, whose ~6k-token first prompt keeps a CPU run short):
+with the tiny JAX model (reference + all four; one shared engine, 8-token completions):
 whatever the reward, the run completes and is captured."""
 
 import asyncio
@@ -131,33 +131,46 @@ class _Capped(Engine):
         await self.inner.close()
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["reference", "codex"])
-def test_harness_with_tiny_jax_model_completes_and_is_captured(name, tmp_path, qwen3_tokenizer_dir):
+@pytest.fixture(scope="module")
+def tiny_jax():
+    """ONE engine for all tiny-model rollouts (compiles once): a random tiny Qwen3-MoE with the real vocabulary,
+    a context that fits Claude Code's ~12k-token first prompt, completions capped at 8 tokens."""
     import jax
 
     from research.models import init_params, tiny_moe
-    from research.models.tokenizer import load_tokenizer
     from research.serving.jax_engine import EngineConfig, JaxEngine
     from research.serving.qwen3_runner import Qwen3Runner
-    from research.shim.session import ShimOptions
 
-    tok = load_tokenizer(qwen3_tokenizer_dir)
     cfg = tiny_moe(vocab_size=151936)
     engine = _Capped(JaxEngine(Qwen3Runner(cfg), init_params(cfg, jax.random.PRNGKey(0)),
                                config=EngineConfig(num_slots=2, max_len=16384, prefill_chunk=512)), max_new=8)
+    yield cfg, engine
+    asyncio.run(engine.close())
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", ["reference", *REAL])
+def test_harness_with_tiny_jax_model_completes_and_is_captured(name, tiny_jax, tmp_path, qwen3_tokenizer_dir):
+    from research.models.tokenizer import load_tokenizer
+    from research.shim.session import ShimOptions
+
+    cfg, engine = tiny_jax
+    tok = load_tokenizer(qwen3_tokenizer_dir)
     opts = ShimOptions(sampling_override={"temperature": 1.0, "seed": 0})
-    try:
-        (res,), calls = _run_rollouts(tmp_path, engine, tok, name, _backend("bwrap"), timeout_s=400,
-                                      shim_options=opts)
-    finally:
-        asyncio.run(engine.close())
-    # Random weights: no task success expected, but the rollout must end with a named status after real
-    # model calls, each captured with logprobs and routed experts.
+    (res,), calls = _run_rollouts(tmp_path, engine, tok, name, _backend("bwrap"), timeout_s=300, shim_options=opts)
+    # Random weights: no task success expected, but the rollout must end with a named status after real model
+    # calls. "ok" = the harness took the 8 capped tokens of plain text as its final answer (reference, Codex,
+    # OpenClaw); "harness_error" = the harness refuses a truncated reply: Claude Code retries a max_tokens stop
+    # 3 times then reports "exceeded the output token maximum" (4 calls), opencode fails on finish_reason
+    # "length". Never "timeout"/"infra_error": those would mean the stack, not the policy, failed.
     assert res.status in ("ok", "harness_error"), f"{res.status}: {res.message}\n{_logs(tmp_path, res.rollout_id)}"
+    assert res.status != "ok" or isinstance(res.reward, float)  # reward.sh ran on whatever it left
     assert calls and len(calls) == res.meta["calls"]
-    print(f"{name}/tiny-jax: {res.status} {len(calls)} calls, prompts {[len(c.prompt_ids) for c in calls]}, "
-          f"timings {res.timings}")
+    assert {c.rollout_id for c in calls} == {res.rollout_id} and {c.harness for c in calls} == {name}
+    print(f"{name}/tiny-jax: {res.status} ({res.message[:300]!r}) {len(calls)} calls, "
+          f"prompts {[len(c.prompt_ids) for c in calls]}, timings {res.timings}")
     for c in calls:
         c.validate(vocab_size=151936)
+        assert c.prompt_ids and 1 <= len(c.completion_ids) <= 8
+        assert len(c.logprobs) == len(c.completion_ids)
         assert c.routed_experts_shape == (len(c.completion_ids), cfg.num_layers, cfg.num_experts_per_tok)
