@@ -22,7 +22,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.name = "demo_cpu"
     config.seed = 0
     config.algo = "grpo"  # grpo | ppo | sft
-    config.tokenizer_dir = str(REPO.parent / "shared" / "qwen3")
+    # The real Qwen3 tokenizer: the repo's ../shared/qwen3 copy when present, else the hub (any Qwen3 size has it).
+    shared = REPO.parent / "shared" / "qwen3"
+    config.tokenizer_dir = str(shared) if shared.is_dir() else "Qwen/Qwen3-0.6B"
     config.model.update(vocab_size=151936, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=64,  # wide heads: qk-norm caps logits at sqrt(head_dim)
                         attention_impl="reference")  # dense mask: fastest on CPU at 512-token rows

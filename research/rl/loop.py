@@ -59,10 +59,10 @@ def _results(path: pathlib.Path, ids: set[str]) -> list[RolloutResult]:
 
 class Loop:
     def __init__(self, config: ml_collections.ConfigDict, workdir: pathlib.Path):
-        from research.models.tokenizer import Tokenizer
+        from research.models.tokenizer import load_tokenizer
 
         self.cfg, self.workdir = config, workdir
-        self.tok = Tokenizer.from_dir(config.tokenizer_dir)
+        self.tok = load_tokenizer(config.tokenizer_dir)
         self.learner = Learner(config)
         self.pcfg = pipeline_config(config)
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.every,
