@@ -90,3 +90,30 @@ def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
     )
     config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
     return config
+
+
+def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict:
+    """The real-scale RL run shared by configs/qwen3_30b_a3b_{gpu,tpu}.py: every loop field of the CPU
+    demo, then this file's model/mesh/optimizer for `target` and ClawGym/OpenForgeRL-like RL settings."""
+    from configs import demo_cpu  # the loop's full field set; imported here to keep this file light
+
+    base = get_config(target)
+    config = demo_cpu.get_config()
+    for key in ("model", "mesh", "optim"):
+        config[key] = base[key]
+    config.name = f"qwen3_30b_a3b_rl_{target}"
+    config.init_checkpoint = ""  # HF checkpoint dir of Qwen/Qwen3-30B-A3B (required)
+    config.algo = "grpo"
+    config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=base.train.row_len,
+                        logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
+    config.train.batch_axes = ("data", "fsdp", "expert")
+    config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0)
+    config.tasks.update(source="dir", train_dir="", eval_dir="")
+    config.rollout.update(mode="async", max_off_policy_steps=1, lookahead=1, harnesses="claude_code:1,openclaw:1",
+                          groups_per_step=16, group_size=8, backend=rollout_backend, concurrency=128,
+                          timeout_s=1800, max_turns=50, sandbox_cpus=2.0, sandbox_memory_mb=4096,
+                          max_new_tokens=8192, enable_thinking=True, temperature=1.0, progress=True)
+    config.sft.update(steps=0)
+    config.eval.update(every=20, num_tasks=64, at_start=True, after_sft=False)
+    config.checkpoint.update(every=10, keep=3)
+    return config

@@ -15,31 +15,11 @@ Validated by tests/test_rl_configs.py (build, eval_shape, lower the RL step on f
 
 import ml_collections
 
-from configs import demo_cpu, qwen3_30b_a3b
-
-TARGET = "gpu"
+from configs import qwen3_30b_a3b
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     del arg
-    base = qwen3_30b_a3b.get_config(TARGET)
-    config = demo_cpu.get_config()  # every loop field, then real-scale values
-    for key in ("model", "mesh", "optim"):
-        config[key] = base[key]
-    config.name = f"qwen3_30b_a3b_rl_{TARGET}"
-    config.init_checkpoint = ""  # HF checkpoint dir of Qwen/Qwen3-30B-A3B (required)
-    config.algo = "grpo"
-    config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=base.train.row_len,
-                        logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
-    config.train.batch_axes = ("data", "fsdp", "expert")
-    config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0)
-    config.tasks.update(source="dir", train_dir="", eval_dir="")
-    config.rollout.update(mode="async", max_off_policy_steps=1, lookahead=1, harnesses="claude_code:1,openclaw:1",
-                          groups_per_step=16, group_size=8, backend="docker", concurrency=128, timeout_s=1800,
-                          max_turns=50, sandbox_cpus=2.0, sandbox_memory_mb=4096, max_new_tokens=8192,
-                          enable_thinking=True, temperature=1.0, progress=True)
+    config = qwen3_30b_a3b.rl_config("gpu", rollout_backend="docker")
     config.sync.update(kind="sglang", sglang_url="http://127.0.0.1:30000", export_dtype="bfloat16")
-    config.sft.update(steps=0)
-    config.eval.update(every=20, num_tasks=64, at_start=True, after_sft=False)
-    config.checkpoint.update(every=10, keep=3)
     return config
