@@ -5,7 +5,6 @@ with the tiny JAX model (reference + all four; one shared engine, 8-token comple
 whatever the reward, the run completes and is captured."""
 
 import asyncio
-import dataclasses
 import pathlib
 
 import pytest
@@ -16,7 +15,8 @@ from harness_env.runner import Runner, RunnerConfig, plan
 from harness_env.sandbox import Limits, get_backend
 from harness_env.tasks import LIBRARY
 from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
-from research.serving.api import Engine, GenerateRequest
+from research.rl.rollouts import CappedEngine
+from research.serving.api import Engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -113,28 +113,6 @@ def test_real_harness_solves_task_in_sandbox_through_shim(name, backend_name, tm
     assert tree.is_generated().sum() == len({(n) for n in tree.occ_node.tolist()})
 
 
-class _Capped(Engine):
-    """The tiny random model rambles: cap its completions so a CPU run stays short."""
-
-    def __init__(self, inner: Engine, max_new: int):
-        self.inner, self.max_new = inner, max_new
-
-    @property
-    def weight_version(self) -> int:
-        return self.inner.weight_version
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
-
-    def stream(self, req: GenerateRequest):
-        sp = dataclasses.replace(req.sampling, max_new_tokens=min(req.sampling.max_new_tokens, self.max_new))
-        return self.inner.stream(dataclasses.replace(req, sampling=sp))
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
 @pytest.fixture(scope="module")
 def tiny_jax():
     """ONE engine for all tiny-model rollouts (compiles once): a random tiny Qwen3-MoE with the real vocabulary,
@@ -146,8 +124,8 @@ def tiny_jax():
     from research.serving.qwen3_runner import Qwen3Runner
 
     cfg = tiny_moe(vocab_size=151936)
-    engine = _Capped(JaxEngine(Qwen3Runner(cfg), init_params(cfg, jax.random.PRNGKey(0)),
-                               config=EngineConfig(num_slots=2, max_len=16384, prefill_chunk=512)), max_new=8)
+    engine = CappedEngine(JaxEngine(Qwen3Runner(cfg), init_params(cfg, jax.random.PRNGKey(0)),
+                               config=EngineConfig(num_slots=2, max_len=16384, prefill_chunk=512)), max_new_tokens=8)
     yield cfg, engine
     asyncio.run(engine.close())
 

@@ -167,3 +167,9 @@ class CappedEngine(Engine):
 
     async def resume(self) -> None:
         await self.inner.resume()
+
+    async def update_weights(self, params, version: int) -> None:  # noqa: ANN001
+        await self.inner.update_weights(params, version)
+
+    async def close(self) -> None:
+        await self.inner.close()
