@@ -37,7 +37,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=64))
     config.rl = ml_collections.ConfigDict(dict(
         estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.0,
-        is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0))
+        is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0,
+        kl_estimator="k3",  # k1 | k3 (only with kl_coef > 0)
+        ref_checkpoint=""))  # KL reference: "" = the policy as RL starts (saved in workdir/reference) or an HF dir
     config.tasks = ml_collections.ConfigDict(dict(source="make_file", seed=0, train_dir="", eval_dir=""))
     config.rollout = ml_collections.ConfigDict(dict(
         mode="sync",  # sync | async

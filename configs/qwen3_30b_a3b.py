@@ -107,7 +107,8 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
     config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=base.train.row_len,
                         logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
     config.train.batch_axes = ("data", "fsdp", "expert")
-    config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0)
+    config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0,
+                     kl_coef=0.0, kl_estimator="k3", ref_checkpoint="")  # ref "": the init_checkpoint params
     config.tasks.update(source="dir", train_dir="", eval_dir="")
     config.rollout.update(mode="async", max_off_policy_steps=1, lookahead=1, harnesses="claude_code:1,openclaw:1",
                           groups_per_step=16, group_size=8, backend=rollout_backend, concurrency=128,

@@ -216,6 +216,7 @@ class Loop:
 
     # ------------------------------------------------------------------ RL (sync)
     async def rl_sync(self) -> None:
+        self.learner.init_reference(self.workdir / "reference")  # KL reference: saved once, restored on resume
         while self.meta["rl_step"] < self.cfg.train.steps:
             k = self.meta["rl_step"]
             specs = R.plan_step(self.cfg, self.train_tasks, k)
@@ -265,6 +266,7 @@ class Loop:
     # ------------------------------------------------------------------ RL (async)
     async def rl_async(self) -> None:
         """Rollout rounds run ahead of the learner (at most `lookahead` rounds); staleness is bounded per group."""
+        self.learner.init_reference(self.workdir / "reference")  # KL reference: saved once, restored on resume
         queue: asyncio.Queue = asyncio.Queue()
         ahead = asyncio.Event()
         start = self.meta["rl_step"]

@@ -8,10 +8,15 @@ leaves the critic untouched.
 
 from __future__ import annotations
 
+import logging
+import pathlib
+import shutil
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from research import losses
@@ -25,14 +30,15 @@ from research.train.step import make_train_step
 from research.trees.objective import TreeObjective, init_critic_params, ppo_stats_from_values
 
 ALGOS = ("grpo", "ppo", "sft")
+log = logging.getLogger(__name__)
 
 
 def loss_config(config: ml_collections.ConfigDict) -> losses.LossConfig:
     a = config.rl
     return losses.LossConfig(
         algo="ppo" if config.algo == "ppo" else "grpo", aggregation=a.aggregation, clip_low=a.clip_low,
-        clip_high=a.clip_high, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, is_correction=a.is_correction,
-        is_cap=a.is_cap, value_coef=a.value_coef)
+        clip_high=a.clip_high, kl_coef=a.kl_coef, kl_estimator=a.get("kl_estimator", "k3"),
+        entropy_coef=a.entropy_coef, is_correction=a.is_correction, is_cap=a.is_cap, value_coef=a.value_coef)
 
 
 def pipeline_config(config: ml_collections.ConfigDict) -> PipelineConfig:
@@ -94,18 +100,77 @@ class Learner:
             self.state = self.state.replace(params=params)
         self._steps = make_steps(config, self.model_cfg, self.obj, self.init, self.mesh, self.shardings)
         self._eval = make_eval_fn(self.model_cfg, self.obj)
+        self.ref_params = None  # frozen reference policy (only when the KL penalty is on): see init_reference
 
     @property
     def step(self) -> int:
         return int(self.state.step)
 
+    # ------------------------------------------------------------------ reference policy (KL penalty)
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.algo != "sft" and self.config.rl.kl_coef > 0
+
+    def init_reference(self, directory: str | pathlib.Path | None = None) -> None:
+        """Fixes the reference policy of the KL penalty; call it when the RL phase starts (and on resume).
+
+        Why a saved copy: the reference is the policy as it was when RL began (after any SFT warm start),
+        which a resumed run can no longer recompute from its trained params. `config.rl.ref_checkpoint` (an
+        HF dir) is immutable, so it is simply loaded again. Otherwise the first call snapshots the current
+        params and, given `directory`, saves them there once (orbax finalises by an atomic rename, so a
+        `kill -9` leaves the complete reference or none); later calls (a resumed run) restore that copy.
+        """
+        if not self.uses_reference or self.ref_params is not None:
+            return
+        if self.config.rl.get("ref_checkpoint"):
+            from research.models.hf_io import load_hf
+
+            self.ref_params, _ = load_hf(self.config.rl.ref_checkpoint, self.model_cfg,
+                                         shardings=self.shardings.params)
+            log.info("reference policy: HF checkpoint %s", self.config.rl.ref_checkpoint)
+            return
+        if directory is None:
+            self.ref_params = self._snapshot()
+            return
+        path = pathlib.Path(directory).absolute() / "params"
+        ckpt = ocp.StandardCheckpointer()
+        try:
+            if path.exists():
+                self.ref_params = ckpt.restore(path, self.abstract.params)
+                log.info("reference policy: restored from %s", path)
+                return
+            for tmp in path.parent.glob(f"{path.name}.orbax-checkpoint-tmp*"):  # a save killed mid-write
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.ref_params = self._snapshot()
+            ckpt.save(path, self.ref_params)
+            ckpt.wait_until_finished()
+            log.info("reference policy: params at step %d saved to %s", self.step, path)
+        finally:
+            ckpt.close()
+
+    def _snapshot(self):
+        """A device copy on the same shardings (the train step donates the state's own buffers)."""
+        return jax.tree.map(jnp.copy, self.state.params)
+
+    def reference_logp(self, dev: dict[str, np.ndarray]) -> np.ndarray:
+        """[B, T] float32 log-probs of the batch's tokens under the reference, at the loss slots (0 elsewhere)."""
+        if self.ref_params is None:
+            self.init_reference()  # a Learner driven without the loop: the reference is its first RL state
+        with jax.set_mesh(self.mesh):
+            out = self._eval(self.ref_params, self.state.critic_params, dev)
+        return scatter_slots(np.asarray(out["logp"]), dev["loss_idx"], dev["loss_valid"], dev["tokens"].shape[1])
+
+    # ------------------------------------------------------------------ steps
     def prepare(self, batch: StepBatch) -> dict[str, np.ndarray]:
-        """PPO: values from a no-grad pass -> GAE on the trees -> fresh node statistics + old_values."""
+        """Reference log-probs (KL penalty on); PPO: values from a no-grad pass -> GAE on the trees -> fresh
+        node statistics + old_values."""
         dev = dict(batch.device)
+        if self.uses_reference:
+            dev["ref_logp"] = self.reference_logp(batch.device)
         if self.config.algo != "ppo":
             return dev
         with jax.set_mesh(self.mesh):
-            out = self._eval(self.state.params, self.state.critic_params, dev)
+            out = self._eval(self.state.params, self.state.critic_params, batch.device)
         T = dev["tokens"].shape[1]
         values_BxT = scatter_slots(np.asarray(out["values"]), dev["loss_idx"], dev["loss_valid"], T)
         stats = ppo_stats_from_values(batch.trees, batch.packed, values_BxT, gamma=self.config.rl.gamma,

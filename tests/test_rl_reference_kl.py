@@ -1,0 +1,153 @@
+"""The KL penalty's reference policy: frozen when RL starts, fed to the loss as `ref_logp` at the loss
+slots, reported as `kl_ref`, saved once and restored (not re-snapshotted) when a run resumes."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from research.data.shards import GroupRecord
+from research.rl import batches as B
+from research.rl.objective import scatter_slots
+from research.rl.trainer import Learner, pipeline_config
+from research.trees import synthetic
+from research.trees.objective import make_tree_eval_fn
+
+CHECK = """import json, os
+p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
+print(1.0 if len(p["final_message"]) % 2 == 0 else 0.0)
+"""
+
+
+def _config(**rl):
+    from configs import demo_cpu
+
+    cfg = demo_cpu.get_config("test")
+    cfg.optim.update(warmup_steps=0, learning_rate=1e-2)
+    cfg.rl.update(**rl)
+    return cfg
+
+
+def _batch(cfg, seed=0) -> B.StepBatch:
+    """A packed step batch of two synthetic groups (real builder/packer path, no harness needed)."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(2):
+        calls, results = synthetic.make_group(rng, group_id=f"t{g}", harness="reference", sessions=3, turns=2,
+                                              vocab=cfg.model.vocab_size, prefix_len=24, p_trunc=0.0)
+        groups.append(GroupRecord(group_id=f"t{g}", harness="reference", calls=calls, results=results))
+    batch = B.build_batch(groups, pipeline_config(cfg), current_version=0, max_off_policy=1 << 30,
+                          loss_slots_k=cfg.train.loss_slots)
+    assert batch.trees and not batch.rejections
+    return batch
+
+
+def _tree_equal(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo):
+    cfg = _config(kl_coef=0.1)
+    cfg.algo = algo
+    learner = Learner(cfg)
+    batch = _batch(cfg)
+    dev = learner.prepare(batch)
+    ref = dev["ref_logp"]
+    T = batch.device["tokens"].shape[1]
+    assert ref.shape == batch.device["behav_logp"].shape == (cfg.train.batch_rows, T) and ref.dtype == np.float32
+    with jax.set_mesh(learner.mesh):
+        own = learner._eval(learner.state.params, learner.state.critic_params, batch.device)["logp"]
+    slots = batch.device["count"] > 0
+    np.testing.assert_array_equal(ref, scatter_slots(np.asarray(own), dev["loss_idx"], dev["loss_valid"], T))
+    assert np.all(ref[slots] < 0) and np.all(ref[~slots] == 0)
+    # independent check of the slot placement: the full-head tree objective's log-probs at those slots
+    full = make_tree_eval_fn(learner.model_cfg, learner.obj)(
+        jax.device_get(learner.state.params), jax.device_get(learner.state.critic_params), batch.device)
+    np.testing.assert_allclose(ref[slots], np.asarray(full["logp"])[slots], rtol=1e-4, atol=1e-4)
+    if algo == "ppo":
+        assert "old_values" in dev
+    m1 = learner.train(batch)
+    assert m1["kl_ref"] < 1e-6, m1["kl_ref"]  # policy == reference
+    m2 = learner.train(batch)
+    assert m2["kl_ref"] > 1e-5, m2["kl_ref"]  # one step of lr 1e-2 moved the policy away
+    np.testing.assert_array_equal(learner.prepare(batch)["ref_logp"], ref)  # the reference stays frozen
+
+
+def test_no_reference_without_kl():
+    cfg = _config(kl_coef=0.0)
+    learner = Learner(cfg)
+    learner.init_reference("/nonexistent/never/written")
+    m = learner.train(_batch(cfg))
+    assert learner.ref_params is None and "kl_ref" not in m
+
+
+def test_saved_reference_is_restored_not_resnapshotted(tmp_path):
+    """A resumed learner (trained params from the checkpoint) gets the reference saved when RL started."""
+    from research.train.checkpoint import Checkpointer
+
+    cfg = _config(kl_coef=0.1)
+    batch = _batch(cfg, seed=1)
+    a = Learner(cfg)
+    a.init_reference(tmp_path / "reference")
+    saved = jax.device_get(a.ref_params)
+    assert _tree_equal(saved, a.state.params)
+    for _ in range(2):
+        a.train(batch)
+    with Checkpointer(tmp_path / "ckpt") as ck:
+        ck.save(a.step, a.state, force=True)
+    trained = jax.device_get(a.state.params)
+    b = Learner(cfg)  # "the same command again"
+    with Checkpointer(tmp_path / "ckpt") as ck:
+        state, _, _ = ck.restore(b.abstract)
+    b.restore(state)
+    assert not _tree_equal(b.state.params, saved)
+    b.init_reference(tmp_path / "reference")
+    assert _tree_equal(b.ref_params, saved) and not _tree_equal(b.ref_params, trained)
+    np.testing.assert_array_equal(b.prepare(batch)["ref_logp"], a.prepare(batch)["ref_logp"])
+    assert b.train(batch)["kl_ref"] > 1e-5
+
+
+# ----------------------------------------------------------------------------- the loop (real harness)
+
+
+def _tasks(root: pathlib.Path, n: int = 2) -> pathlib.Path:
+    for i in range(n):
+        d = root / f"parity{i}"
+        (d / "reward").mkdir(parents=True, exist_ok=True)
+        (d / "data_entry.json").write_text(json.dumps({"task_id": f"parity{i}", "user_query": f"Say something {i}.",
+                                                       "metadata": {"category": "chat", "chat_graded": True}}))
+        (d / "reward" / "check.py").write_text(CHECK)
+        (d / "reward" / "reward.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$0")/check.py"\n')
+    return root
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(400)
+def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path):
+    """Two GRPO steps, stop, then the same run resumed to step 3: kl_ref is ~0 at the first step only (a
+    re-snapshot on resume would make it ~0 again at step 3) and the reference on disk is the initial policy."""
+    from harness_env.sandbox import get_backend
+    from research.rl.loop import train
+
+    if not get_backend("bwrap").available()[0]:
+        pytest.skip("bwrap unavailable")
+    cfg = _config(kl_coef=0.1)
+    tasks = _tasks(tmp_path / "tasks")
+    cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
+    cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=1)
+    cfg.train.update(steps=2)
+    wd = tmp_path / "run"
+    assert train(cfg, wd)["rl_step"] == 2
+    initial = jax.device_get(Learner(cfg).state.params)  # seeded init: the policy when RL started
+    cfg.train.update(steps=3)
+    assert train(cfg, wd)["rl_step"] == 3
+    recs = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    kl = {r["step"]: r["kl_ref"] for r in recs if r["kind"] == "train"}
+    assert sorted(kl) == [1, 2, 3]
+    assert kl[1] < 1e-6 and kl[2] > 1e-5 and kl[3] > 1e-5, kl
+    learner = Learner(cfg)
+    learner.init_reference(wd / "reference")
+    assert _tree_equal(learner.ref_params, initial)
