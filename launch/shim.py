@@ -3,6 +3,7 @@
   python -m launch.shim --engine=replay --replay_file=completions.json --capture=/tmp/capture.jsonl
   python -m launch.shim --engine=sglang --sglang_url=http://gpu-host:30000 --port=8765
   python -m launch.shim --engine=jax --checkpoint=/path/to/hf_qwen3  # the built-in JAX engine
+  python -m launch.shim --endpoint=openai:http://vllm-host:8000  # any engine spec of research/serving/factory.py
 
 Then point a harness at it: OPENAI_BASE_URL=http://127.0.0.1:PORT/v1, ANTHROPIC_BASE_URL=http://127.0.0.1:PORT.
 Every call lands in --capture (one JSON line per call, fsync'd).
@@ -20,6 +21,7 @@ from absl import app, flags, logging
 from research.capture import CaptureLog
 from research.models.tokenizer import load_tokenizer
 from research.serving.api import Engine
+from research.serving.factory import build_engine
 from research.shim.server import ShimServer
 from research.shim.session import ShimOptions
 
@@ -38,55 +40,26 @@ _MAX_CTX = flags.DEFINE_integer("max_context", None, "context length of the remo
 _CKPT = flags.DEFINE_string("checkpoint", None, "--engine=jax: HF checkpoint dir (default: tiny random MoE)")
 _SLOTS = flags.DEFINE_integer("slots", 8, "--engine=jax: concurrent sequences")
 _MAX_LEN = flags.DEFINE_integer("max_len", 4096, "--engine=jax: prompt + completion tokens per sequence")
+_ENDPOINT = flags.DEFINE_string("endpoint", None, "engine spec, instead of --engine: replay[:FILE] | jax[:HF_DIR] | "
+                                "sglang:URL | openai:URL")
 _SAMPLING = flags.DEFINE_string("sampling", None, 'JSON forced on every call, e.g. {"temperature": 1.0, "top_p": 1.0}')
 
 
-def _replay(tok) -> Engine:  # noqa: ANN001
-    from research.serving.replay import ReplayEngine
-
-    script = json.loads(pathlib.Path(_REPLAY.value).read_text()) if _REPLAY.value else ["(replay engine) ok"]
-    if not isinstance(script, list) or not script:
-        raise app.UsageError(f"--replay_file {_REPLAY.value}: expected a non-empty JSON list of completions")
-    return ReplayEngine(script, tok, cycle=True)
-
-
-def _sglang(tok) -> Engine:  # noqa: ANN001
-    if not _SGLANG.value:
-        raise app.UsageError("--engine=sglang needs --sglang_url")
-    from research.serving.sglang_client import SGLangClient
-
-    return SGLangClient(_SGLANG.value, max_context=_MAX_CTX.value)
+def endpoint_spec() -> str:
+    """The flags as one engine spec for research/serving/factory.py (--endpoint wins over --engine)."""
+    if _ENDPOINT.value:
+        return _ENDPOINT.value
+    arg = {"replay": _REPLAY.value, "jax": _CKPT.value, "sglang": _SGLANG.value}[_ENGINE.value]
+    return f"{_ENGINE.value}:{arg}" if arg else _ENGINE.value
 
 
-def _jax(tok) -> Engine:  # noqa: ANN001
-    """The built-in JAX engine: an HF checkpoint (--checkpoint) or a tiny random Qwen3-MoE (plumbing runs)."""
-    import jax
-
-    from research.models import init_params, tiny_moe
-    from research.models.hf_io import load_hf
-    from research.serving.jax_engine import EngineConfig, JaxEngine
-    from research.serving.qwen3_runner import Qwen3Runner
-
-    if _CKPT.value:
-        params, cfg = load_hf(_CKPT.value)
-    else:
-        cfg = tiny_moe(vocab_size=tok.vocab_size)
-        params = init_params(cfg, jax.random.PRNGKey(0))
-    if cfg.vocab_size < tok.vocab_size:
-        raise app.UsageError(f"model vocab {cfg.vocab_size} < tokenizer vocab {tok.vocab_size}")
-    return JaxEngine(Qwen3Runner(cfg), params, config=EngineConfig(num_slots=_SLOTS.value, max_len=_MAX_LEN.value))
-
-
-ENGINES = {"replay": _replay, "sglang": _sglang, "jax": _jax}
-
-
-async def _serve(tok, engine: Engine) -> None:  # noqa: ANN001
+async def _serve(tok, engine: Engine, spec: str) -> None:  # noqa: ANN001
     capture = CaptureLog(_CAPTURE.value)
     opts = ShimOptions(enable_thinking=_THINK.value, sampling_override=json.loads(_SAMPLING.value or "{}"))
     server = ShimServer(engine, tok, capture, enforce_sessions=_ENFORCE.value, host=_HOST.value, port=_PORT.value,
                         unix_socket=_UNIX.value, options=opts)
     await server.start()
-    logging.info("shim (%s engine) on %s%s, capture -> %s", _ENGINE.value, server.url,
+    logging.info("shim (%s engine) on %s%s, capture -> %s", spec, server.url,
                  f" and unix:{_UNIX.value}" if _UNIX.value else "", _CAPTURE.value)
     print(f"SHIM_URL {server.url}", flush=True)
     stop = asyncio.Event()
@@ -102,7 +75,12 @@ async def _serve(tok, engine: Engine) -> None:  # noqa: ANN001
 def main(argv):
     del argv
     tok = load_tokenizer(_TOKENIZER.value)
-    asyncio.run(_serve(tok, ENGINES[_ENGINE.value](tok)))
+    spec = endpoint_spec()
+    try:
+        engine = build_engine(spec, tok, max_len=_MAX_LEN.value, num_slots=_SLOTS.value, max_context=_MAX_CTX.value)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from e
+    asyncio.run(_serve(tok, engine, spec))
 
 
 if __name__ == "__main__":

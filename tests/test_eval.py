@@ -8,9 +8,9 @@ import pytest
 from aiohttp import web
 
 from harness_env.eval import analytics, metrics, report
-from harness_env.eval.remote_engine import OpenAICompletionsEngine
 from research.capture import RolloutResult
 from research.serving.api import EngineError, GenerateRequest, SamplingParams
+from research.serving.openai_client import OpenAICompletionsEngine
 
 
 def _brute(n, c, k, all_=False):

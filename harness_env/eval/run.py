@@ -21,45 +21,12 @@ def task_dirs(spec: str, scratch: pathlib.Path) -> list[pathlib.Path]:
     return discover(spec)
 
 
-def build_engine(endpoint: str, tok, *, max_len: int = 4096):  # noqa: ANN001
-    from research.serving.replay import ReplayEngine
+def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | None = None):  # noqa: ANN001
+    """The engine for an endpoint spec (research/serving/factory.py), plus `oracle`: a scripted engine that
+    solves the make_file family (pipeline check)."""
+    from research.serving.factory import build_engine as build
 
-    kind, _, arg = endpoint.partition(":")
-    if kind == "oracle":
-        return ReplayEngine(lambda req: family.oracle_reply(tok.decode(req.prompt_ids)), tok)
-    if kind == "replay":
-        import json
-
-        return ReplayEngine(json.loads(pathlib.Path(arg).read_text()), tok, cycle=True)
-    if kind == "jax":
-        return _jax_engine(tok, arg, max_len)
-    if kind == "sglang":
-        from research.serving.sglang_client import SGLangClient
-
-        return SGLangClient(arg)
-    if kind == "openai":
-        from harness_env.eval.remote_engine import OpenAICompletionsEngine
-
-        return OpenAICompletionsEngine(arg)
-    raise ValueError(f"endpoint {endpoint!r}: expected oracle | replay:FILE | jax | sglang:URL | openai:URL")
-
-
-def _jax_engine(tok, checkpoint: str, max_len: int):  # noqa: ANN001
-    """The embedded JAX engine: an HF checkpoint dir, or (no dir) a tiny random Qwen3-MoE for plumbing runs."""
-    import jax
-
-    from research.models import init_params, tiny_moe
-    from research.serving.jax_engine import EngineConfig, JaxEngine
-    from research.serving.qwen3_runner import Qwen3Runner
-
-    if checkpoint:
-        from research.models.hf_io import load_hf
-
-        params, cfg = load_hf(checkpoint)
-    else:
-        cfg = tiny_moe(vocab_size=tok.vocab_size)
-        params = init_params(cfg, jax.random.PRNGKey(0))
-    return JaxEngine(Qwen3Runner(cfg), params, config=EngineConfig(max_len=max_len))
+    return build(endpoint, tok, max_len=max_len, max_context=max_context, scripts={"oracle": family.oracle_reply})
 
 
 async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, engine, tok, out: pathlib.Path,

@@ -1,10 +1,10 @@
 """An `Engine` over any OpenAI-compatible /v1/completions server that takes and returns token ids.
 
-Lets `launch.eval --endpoint=openai:URL` evaluate a policy served elsewhere (e.g. vLLM) while the shim
-still sits in front of every harness and captures exact ids: the prompt goes out as token ids, and
-generated tokens come back as ids (`return_tokens_as_token_ids`, tokens spelled `token_id:N`) with
-their logprobs. A server that can only return text is refused with a clear error: re-tokenizing
-generated text would make the captured data wrong for training.
+Lets an `openai:URL` engine spec (research/serving/factory.py, e.g. `launch.eval --endpoint=openai:URL`)
+use a policy served elsewhere (e.g. vLLM) while the shim still sits in front of every harness and
+captures exact ids: the prompt goes out as token ids, and generated tokens come back as ids
+(`return_tokens_as_token_ids`, tokens spelled `token_id:N`) with their logprobs. A server that can only return text is
+refused with a clear error: re-tokenizing generated text would make the captured data wrong for training.
 """
 
 from __future__ import annotations

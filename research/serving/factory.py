@@ -1,0 +1,132 @@
+"""One engine factory for every launcher: an endpoint spec string "kind[:arg]" -> an `Engine`.
+
+Why: the shim launcher, `launch.eval` and anything else that needs "an engine from the command line"
+used to build engines each in its own way, and drifted (one checked the vocabulary, the other did not;
+one passed max_context through, the other did not). Here every kind is built once:
+
+  replay[:FILE]   ReplayEngine cycling the completions in FILE (a JSON list of strings or id lists);
+                  without FILE one fixed completion (plumbing checks)
+  jax[:MODEL]     the embedded JAX engine: MODEL an HF Qwen3 dir or a preset (tiny_moe, tiny_dense);
+                  default a tiny random Qwen3-MoE with the tokenizer's vocabulary (plumbing runs)
+  sglang:URL      a running SGLang server (SGLangClient; token ids in and out)
+  openai:URL      any OpenAI-compatible /v1/completions server that returns token ids (vLLM-style)
+  NAME            a scripted engine from `scripts` (NAME -> function of the rendered prompt text -> reply),
+                  so callers register their own (harness_env's `oracle`) without research/ importing them
+
+Imports are lazy: building a replay engine must not pull in JAX, nor a JAX engine aiohttp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable, Mapping
+
+from research.serving.api import Engine
+
+ScriptFn = Callable[[str], str]
+_DEFAULT_REPLAY = "(replay engine) ok"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Opts:
+    max_len: int
+    num_slots: int
+    max_context: int | None
+
+
+def _replay(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
+    from research.serving.replay import ReplayEngine
+
+    script = load_replay_file(arg) if arg else [_DEFAULT_REPLAY]
+    return ReplayEngine(script, tok, cycle=True, **({"max_context": o.max_context} if o.max_context else {}))
+
+
+def load_replay_file(path: str | pathlib.Path) -> list:
+    """The completions of a replay file, checked: a non-empty JSON list of strings or lists of token ids."""
+    p = pathlib.Path(path)
+    try:
+        script = json.loads(p.read_text())
+    except OSError as e:
+        raise ValueError(f"replay file {p}: cannot read it ({e.strerror or e})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"replay file {p}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+    if not isinstance(script, list) or not script:
+        raise ValueError(f"replay file {p}: expected a non-empty JSON list of completions, got {type(script).__name__}"
+                         + (" (empty)" if script == [] else ""))
+    for i, item in enumerate(script):
+        ok_ids = isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        if not (isinstance(item, str) or ok_ids):
+            raise ValueError(f"replay file {p}: completion {i} is {str(item)[:60]!r}; expected a string or a list "
+                             "of token ids")
+    return script
+
+
+def _jax(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
+    from research.serving.jax_engine import EngineConfig, JaxEngine
+    from research.serving.qwen3_runner import Qwen3Runner
+    from research.serving.serve import PRESETS, model_and_params
+
+    model = arg or "tiny_moe"
+    if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
+        raise ValueError(f"jax:{model}: neither a preset ({', '.join(PRESETS)}) nor an HF dir with config.json")
+    cfg, params = model_and_params(model, vocab_size=tok.vocab_size if model in PRESETS else None)
+    if cfg.vocab_size < tok.vocab_size:
+        raise ValueError(f"jax:{model}: model vocab {cfg.vocab_size} < tokenizer vocab {tok.vocab_size}")
+    return JaxEngine(Qwen3Runner(cfg), params, config=EngineConfig(num_slots=o.num_slots, max_len=o.max_len))
+
+
+def _sglang(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
+    from research.serving.sglang_client import SGLangClient
+
+    return SGLangClient(_url("sglang", arg), max_context=o.max_context)
+
+
+def _openai(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
+    from research.serving.openai_client import OpenAICompletionsEngine
+
+    return OpenAICompletionsEngine(_url("openai", arg), **({"max_context": o.max_context} if o.max_context else {}))
+
+
+def _url(kind: str, arg: str) -> str:
+    if not arg.startswith(("http://", "https://")):
+        raise ValueError(f"{kind}:URL needs an http(s) URL, got {arg!r} (e.g. {kind}:http://host:30000)")
+    return arg
+
+
+# kind -> (builder, how the spec is written): the usage line of every error lists these.
+BUILDERS: dict[str, tuple[Callable[[str, object, _Opts], Engine], str]] = {
+    "replay": (_replay, "replay[:FILE]"),
+    "jax": (_jax, "jax[:HF_DIR|tiny_moe|tiny_dense]"),
+    "sglang": (_sglang, "sglang:URL"),
+    "openai": (_openai, "openai:URL"),
+}
+
+
+def known_specs(scripts: Mapping[str, ScriptFn] | None = None) -> str:
+    return " | ".join([*(usage for _, usage in BUILDERS.values()), *sorted(scripts or {})])
+
+
+def _scripted(fn: ScriptFn, tok) -> Engine:  # noqa: ANN001
+    from research.serving.replay import ReplayEngine
+
+    return ReplayEngine(lambda req: fn(tok.decode(req.prompt_ids)), tok)
+
+
+def build_engine(spec: str, tokenizer, *, max_len: int = 4096, num_slots: int = 8,  # noqa: ANN001
+                 max_context: int | None = None, scripts: Mapping[str, ScriptFn] | None = None) -> Engine:
+    """The engine named by `spec` ("kind[:arg]", see the module doc); ValueError names the known kinds.
+
+    `max_len`/`num_slots` size the JAX engine's slots; `max_context` caps remote/replay engines' context.
+    """
+    kind, _, arg = spec.partition(":")
+    scripts = scripts or {}
+    if kind in scripts:
+        if arg:
+            raise ValueError(f"engine spec {spec!r}: the scripted engine {kind!r} takes no argument")
+        return _scripted(scripts[kind], tokenizer)
+    if kind not in BUILDERS:
+        raise ValueError(f"engine spec {spec!r}: unknown kind {kind!r}; expected {known_specs(scripts)}")
+    builder, _ = BUILDERS[kind]
+    return builder(arg, tokenizer, _Opts(max_len=max_len, num_slots=num_slots, max_context=max_context))
