@@ -65,6 +65,10 @@ class ModelConfig:
     remat_policy: str = "none"  # see qwen3.REMAT_POLICIES
     scan_layers: bool = True
     logical_rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
+    # Init std of the token embedding (a from-scratch model only; checkpoints overwrite it). 0.02 is the HF
+    # initializer_range; tiny models trained from scratch need ~0.2, or Adam's common-mode drift (~lr per step
+    # in the same direction for every target token) swamps the init and makes the tokens to copy collide.
+    embedding_init_std: float = 0.02
 
     @property
     def is_moe(self) -> bool:

@@ -218,7 +218,8 @@ class Qwen3(nn.Module):
         cfg = self.cfg
         pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         emb = self.param(
-            "embedding", nn.with_logical_partitioning(_init(cfg), ("vocab", "embed")),
+            "embedding",
+            nn.with_logical_partitioning(nn.initializers.normal(cfg.embedding_init_std), ("vocab", "embed")),
             (cfg.vocab_size, cfg.hidden_size), pdt,
         )
         if not cfg.tie_word_embeddings:

@@ -76,7 +76,7 @@ def build(
 
         tok = load_tokenizer(tokenizer)
         decode = tok.decode
-        eos_token_ids = eos_token_ids or tok.stop_token_ids()
+        eos_token_ids = eos_token_ids or tok.stop_token_ids
     engine = JaxEngine(Qwen3Runner(cfg), params, config=engine_config)
     server = NativeServer(
         engine, model_path=model, load_weights=weight_loader(cfg, params), decode=decode,
