@@ -30,12 +30,12 @@ def test_json_lines_skips_noise():
     assert json_lines(text) == [{"a": 1}, {"b": 2}]
 
 
-def _run(script, tmp_path, prompt="make hello.txt", **kw):
+def _run(script, tmp_path, prompt="make hello.txt", harness="reference", **kw):
     async def go():
         mock = MockEndpoint(script)
         url = await mock.start()
         try:
-            outcome, res = await run_local(get_harness("reference"), prompt, base_url=url, api_key="sk-test",
+            outcome, res = await run_local(get_harness(harness), prompt, base_url=url, api_key="sk-test",
                                            root=tmp_path, timeout_s=60, **kw)
         finally:
             await mock.stop()
@@ -97,3 +97,29 @@ def test_reference_parse_output_without_result_event():
                                 timed_out=True)
     out = h.parse_output(res)
     assert not out.completed and "timed out" in out.error and out.num_turns == 1
+
+
+def test_reference_bash_sends_one_tool_and_its_short_system_prompt(tmp_path: pathlib.Path):
+    script = [{"tool": "bash", "arguments": {"command": "echo apple > a.txt"}}, {"text": "Done."}]
+    outcome, res, mock = _run(script, tmp_path, harness="reference_bash")
+    assert res.exit_code == 0, res.stderr
+    assert outcome.completed and outcome.final_message == "Done." and outcome.num_turns == 2
+    assert (tmp_path / "workspace" / "a.txt").read_text() == "apple\n"
+    body = mock.requests[0]["body"]
+    assert [t["function"]["name"] for t in body["tools"]] == ["bash"]
+    assert body["messages"][0] == {"role": "system", "content": "You are a software agent. Use the bash tool."}
+    # the default harness still offers all four tools with its long system prompt
+    _, _, mock = _run([{"text": "ok"}], tmp_path / "default")
+    assert [t["function"]["name"] for t in mock.requests[0]["body"]["tools"]] == [
+        "bash", "read_file", "write_file", "finish"]
+
+
+def test_reference_agent_rejects_unknown_tools(tmp_path: pathlib.Path):
+    import subprocess
+    import sys
+
+    from harness_env.harnesses.reference import AGENT_SRC
+
+    p = subprocess.run([sys.executable, str(AGENT_SRC), "--base-url", "http://127.0.0.1:9", "--tools", "bash,rm_rf",
+                        "x"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "unknown ['rm_rf']" in p.stderr

@@ -32,6 +32,8 @@ class ReferenceHarness(Harness):
     shell_tool = "bash"
     log_globs = (".reference/transcript.jsonl",)
     python = "python3"  # resolved on the sandbox PATH (host /usr is mounted in every backend)
+    tools: tuple[str, ...] = ()  # a subset of the agent's tools (empty: all of them)
+    system: str = ""  # a system prompt replacing the agent's default (empty: the default)
 
     async def prepare(self, host_home: pathlib.Path, ctx: SessionContext) -> None:
         await super().prepare(host_home, ctx)
@@ -43,7 +45,10 @@ class ReferenceHarness(Harness):
         return [
             self.python, f"{ctx.home}/{AGENT_NAME}",
             "--base-url", ctx.openai_base_url, "--api-key", ctx.api_key, "--model", ctx.model,
-            "--max-turns", str(ctx.max_turns), prompt,
+            "--max-turns", str(ctx.max_turns),
+            *(["--tools", ",".join(self.tools)] if self.tools else []),
+            *(["--system", self.system] if self.system else []),
+            prompt,
         ]
 
     def env(self, ctx: SessionContext) -> dict[str, str]:
@@ -68,3 +73,13 @@ class ReferenceHarness(Harness):
 
     def shell_call(self, command: str) -> dict:
         return {"name": "bash", "arguments": {"command": command}}
+
+
+@register
+class ReferenceBashHarness(ReferenceHarness):
+    """The reference agent with only the `bash` tool and a one-line system prompt (~180 prompt tokens with
+    the Qwen3 tool preamble, vs ~400): the harness of the CPU demo, whose tiny policy trains from scratch."""
+
+    name = "reference_bash"
+    tools = ("bash",)
+    system = "You are a software agent. Use the bash tool."
