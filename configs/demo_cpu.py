@@ -1,5 +1,10 @@
-"""The CPU demo that learns: tiny dense Qwen3 (real Qwen3 tokenizer), JAX engine, bwrap, reference harness,
-the make_file family; SFT warm start on captured expert demonstrations, then tree GRPO.
+"""The CPU demo that learns: tiny dense Qwen3 (real Qwen3 tokenizer), JAX engine, bwrap, the reference agent
+(`reference_bash`: bash tool only, ~180-token prompts), the make_file family; an SFT warm start on expert
+demonstrations captured through the harness, then tree GRPO. Held-out pass rate: 0 at the start, >= 0.8 after.
+
+What makes a 2-layer model trained from scratch learn to copy NAME/WORD from the prompt within minutes:
+an embedding init std of 0.2 (at 0.02 Adam's common-mode drift makes the 16 words' embeddings collide and
+the policy stays at the marginal, ln 16) and 16 demonstrations per SFT step.
 
     python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/demo
     python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/d --config.algo=ppo --config.train.steps=3
@@ -27,14 +32,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.tokenizer_dir = str(shared) if shared.is_dir() else "Qwen/Qwen3-0.6B"
     config.model.update(vocab_size=151936, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=64,  # wide heads: qk-norm caps logits at sqrt(head_dim)
-                        attention_impl="reference")  # dense mask: fastest on CPU at 512-token rows
+                        attention_impl="reference",  # dense mask: fastest on CPU at 512-token rows
+                        embedding_init_std=0.2)
     config.mesh.update(data=1)
     config.optim.update(learning_rate=4e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
     config.critic_optim = default_optim_config()
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(dict(
-        steps=12,  # RL steps (after the SFT phase)
-        batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=64))
+        steps=20,  # RL steps (after the SFT phase)
+        # loss_slots: LM-head slots per row, doubled until every row fits (SFT rows need 64, RL rows 128)
+        batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32))
     config.rl = ml_collections.ConfigDict(dict(
         estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.0,
         is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0,
@@ -44,14 +51,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.rollout = ml_collections.ConfigDict(dict(
         mode="sync",  # sync | async
         max_off_policy_steps=1, lookahead=1,
-        harnesses="reference",  # "name:weight,..." e.g. "reference:1,claude_code:1"
+        harnesses="reference_bash",  # "name:weight,..." e.g. "reference_bash:1,claude_code:1"
         groups_per_step=4, group_size=4, backend="bwrap", concurrency=4, timeout_s=120, reward_timeout_s=30,
         infra_retries=2, max_turns=3, sandbox_cpus=1.0, sandbox_memory_mb=1024, progress=False, fsync=True,
         enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0))
     config.engine = ml_collections.ConfigDict(dict(num_slots=4, max_len=1024, prefill_chunk=256))
     config.sync = ml_collections.ConfigDict(dict(kind="jax", sglang_url="", export_dtype="bfloat16"))
-    config.sft = ml_collections.ConfigDict(dict(steps=260, groups_per_step=8, num_demos=-1, expert="make_file"))
-    config.eval = ml_collections.ConfigDict(dict(every=6, num_tasks=-1, at_start=True, after_sft=True))
+    config.sft = ml_collections.ConfigDict(dict(steps=400, groups_per_step=16, num_demos=-1, expert="make_file"))
+    config.eval = ml_collections.ConfigDict(dict(every=5, sft_every=100, num_tasks=-1, at_start=True, after_sft=True))
     config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=2))
     config.metrics = ml_collections.ConfigDict(dict(tensorboard=True, plot_every=10))
     config.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="", num_processes=0,
@@ -61,7 +68,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.train.update(steps=3, batch_rows=2)
         config.rollout.update(groups_per_step=2, group_size=2, max_new_tokens=16, max_turns=2, fsync=False)
         config.sft.update(steps=0, num_demos=4, groups_per_step=2)
-        config.eval.update(every=0, at_start=False, after_sft=False, num_tasks=2)
+        config.eval.update(every=0, sft_every=0, at_start=False, after_sft=False, num_tasks=2)
         config.checkpoint.update(every=1)
         config.metrics.update(tensorboard=True, plot_every=1)
     elif arg:

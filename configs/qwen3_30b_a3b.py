@@ -115,6 +115,6 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
                           timeout_s=1800, max_turns=50, sandbox_cpus=2.0, sandbox_memory_mb=4096,
                           max_new_tokens=8192, enable_thinking=True, temperature=1.0, progress=True)
     config.sft.update(steps=0)
-    config.eval.update(every=20, num_tasks=64, at_start=True, after_sft=False)
+    config.eval.update(every=20, sft_every=0, num_tasks=64, at_start=True, after_sft=False)
     config.checkpoint.update(every=10, keep=3)
     return config

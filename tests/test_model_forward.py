@@ -131,3 +131,13 @@ def test_bf16_compute_close_to_fp32():
     h16 = _fwd(cfg.replace(dtype="bfloat16"), p, *inputs)
     assert h16.dtype == jnp.bfloat16 and jax.tree.leaves(p)[0].dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(h16, np.float32), np.asarray(h32), atol=0.1, rtol=0.05)
+
+
+def test_embedding_init_std_scales_only_the_embedding():
+    """`embedding_init_std` (tiny from-scratch policies use 0.2) changes the embedding's init and nothing else."""
+    base = init_params(tiny_dense(vocab_size=4096), jax.random.key(0))
+    wide = init_params(tiny_dense(vocab_size=4096, embedding_init_std=0.2), jax.random.key(0))
+    np.testing.assert_allclose(float(jnp.std(base["embedding"])), 0.02, rtol=0.03)
+    np.testing.assert_allclose(float(jnp.std(wide["embedding"])), 0.2, rtol=0.03)
+    rest = lambda p: {k: v for k, v in p.items() if k != "embedding"}
+    chex.assert_trees_all_equal(rest(base), rest(wide))

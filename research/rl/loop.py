@@ -67,7 +67,7 @@ class Loop:
         self.pcfg = pipeline_config(config)
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.every,
                                  keep=config.checkpoint.keep)
-        self.meta: dict = {"consumed": [], "rl_step": 0, "sft_step": 0}
+        self.meta: dict = {"consumed": [], "rl_step": 0, "sft_step": 0, "started_at": time.time()}
         if self.ckpt.latest_step() is not None:
             state, _, meta = self.ckpt.restore(self.learner.abstract)
             self.learner.restore(state)
@@ -164,6 +164,7 @@ class Loop:
         res = _results(self.eval_rollouts.runner.results_path, {s.rollout_id for s in specs})
         m = rollout_metrics(res, prefix="eval")
         m["eval/wall_s"] = time.monotonic() - t
+        m["eval/elapsed_min"] = (time.time() - self.meta["started_at"]) / 60  # since the run's first start
         self.metrics.write(self.learner.step, m, kind="eval")
         log.info("eval step %d: pass rate %.3f", self.learner.step, m.get("eval/all/pass_rate", 0.0))
         return m
@@ -190,6 +191,10 @@ class Loop:
             self._commit_step("sft", set(), set(), m, kind="sft")
             if (k + 1) % 10 == 0 or k + 1 == s.steps:
                 log.info("sft step %d/%d nll %.4f", k + 1, s.steps, m["nll"])
+            every = self.cfg.eval.get("sft_every", 0)
+            if every > 0 and (k + 1) % every == 0 and k + 1 < s.steps:
+                self.metrics.write(self.learner.step, {"sync_s": await self._push_weights()}, kind="sync")
+                await self.evaluate()
         m = {"sync_s": await self._push_weights()}
         self.metrics.write(self.learner.step, m, kind="sync")
         if self.cfg.eval.after_sft:

@@ -95,6 +95,11 @@ def plot_rewards(workdir: pathlib.Path) -> pathlib.Path:
         if not pts or style is None:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+        if kind == "eval":  # when each held-out eval happened, in minutes since the run started
+            for (k, st), r in last.items():
+                if k == "eval" and "eval/elapsed_min" in r:
+                    ax.annotate(f"{r['eval/elapsed_min']:.0f}m", (st, r[key]), textcoords="offset points",
+                                xytext=(0, 6), ha="center", fontsize=7)
     ax.set_xlabel("step (SFT steps, then RL steps)")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"{pathlib.Path(workdir).name}: reward / pass rate")
