@@ -36,6 +36,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         embedding_init_std=0.2)
     config.mesh.update(data=1)
     config.optim.update(learning_rate=4e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
+    # RL after the SFT warm start: fresh Adam moments and a 10x lower lr (at the SFT lr, GRPO collapses the policy)
+    config.rl_optim = default_optim_config()
+    config.rl_optim.update(learning_rate=4e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, clip_norm=1.0)
     config.critic_optim = default_optim_config()
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(dict(

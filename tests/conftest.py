@@ -20,3 +20,29 @@ def qwen3_tokenizer_dir() -> pathlib.Path:
     if (SHARED_QWEN3 / "tokenizer.json").exists():
         return SHARED_QWEN3
     pytest.skip("../shared/qwen3 not present and the hub is unreachable here")
+
+
+@pytest.fixture
+def step_batch():
+    """make(cfg, seed=0) -> a packed RL StepBatch of two synthetic groups (the loop's real builder/packer path,
+    no harness): for Learner-level tests of the RL loop."""
+    import numpy as np
+
+    from research.data.shards import GroupRecord
+    from research.rl import batches as B
+    from research.rl.trainer import pipeline_config
+    from research.trees import synthetic
+
+    def make(cfg, seed: int = 0) -> B.StepBatch:
+        rng = np.random.default_rng(seed)
+        groups = []
+        for g in range(2):
+            calls, results = synthetic.make_group(rng, group_id=f"t{g}", harness="reference", sessions=3, turns=2,
+                                                  vocab=cfg.model.vocab_size, prefix_len=24, p_trunc=0.0)
+            groups.append(GroupRecord(group_id=f"t{g}", harness="reference", calls=calls, results=results))
+        batch = B.build_batch(groups, pipeline_config(cfg), current_version=0, max_off_policy=1 << 30,
+                              loss_slots_k=cfg.train.loss_slots)
+        assert batch.trees and not batch.rejections
+        return batch
+
+    return make

@@ -36,7 +36,10 @@ def test_gpu_config_rl_step_lowers_on_8_fake_devices():
         pytest.skip("needs 8 (fake) devices")
     out = lower_rl_step(qwen3_30b_a3b_gpu.get_config(), num_layers=1, devices=jax.devices()[:8])
     assert out["mesh"] == {"data": 1, "fsdp": 1, "expert": 8, "tensor": 1}
-    assert out["hlo_chars"] > 10_000
+    assert out["hlo_chars"] > 10_000 and "ref_logp" not in out["batch_keys"]
+    cfg = qwen3_30b_a3b_gpu.get_config()
+    cfg.rl.kl_coef = 0.01  # the KL reference adds ref_logp to the batch; the step must still lower
+    assert "ref_logp" in lower_rl_step(cfg, num_layers=1, devices=jax.devices()[:8])["batch_keys"]
 
 
 @pytest.mark.slow

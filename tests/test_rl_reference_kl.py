@@ -1,6 +1,7 @@
 """The KL penalty's reference policy: frozen when RL starts, fed to the loss as `ref_logp` at the loss
 slots, reported as `kl_ref`, saved once and restored (not re-snapshotted) when a run resumes."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -8,11 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from research.data.shards import GroupRecord
-from research.rl import batches as B
 from research.rl.objective import make_rl_loss_fn, scatter_slots
-from research.rl.trainer import Learner, pipeline_config
-from research.trees import synthetic
+from research.rl.trainer import Learner
 from research.trees.objective import make_tree_eval_fn
 
 CHECK = """import json, os
@@ -30,30 +28,16 @@ def _config(**rl):
     return cfg
 
 
-def _batch(cfg, seed=0) -> B.StepBatch:
-    """A packed step batch of two synthetic groups (real builder/packer path, no harness needed)."""
-    rng = np.random.default_rng(seed)
-    groups = []
-    for g in range(2):
-        calls, results = synthetic.make_group(rng, group_id=f"t{g}", harness="reference", sessions=3, turns=2,
-                                              vocab=cfg.model.vocab_size, prefix_len=24, p_trunc=0.0)
-        groups.append(GroupRecord(group_id=f"t{g}", harness="reference", calls=calls, results=results))
-    batch = B.build_batch(groups, pipeline_config(cfg), current_version=0, max_off_policy=1 << 30,
-                          loss_slots_k=cfg.train.loss_slots)
-    assert batch.trees and not batch.rejections
-    return batch
-
-
 def _tree_equal(a, b) -> bool:
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo):
+def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo, step_batch):
     cfg = _config(kl_coef=0.1)
     cfg.algo = algo
     learner = Learner(cfg)
-    batch = _batch(cfg)
+    batch = step_batch(cfg)
     dev = learner.prepare(batch)
     ref = dev["ref_logp"]
     T = batch.device["tokens"].shape[1]
@@ -76,27 +60,29 @@ def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo):
     dev = learner.prepare(batch)
     np.testing.assert_array_equal(dev["ref_logp"], ref)  # the reference stays frozen
     if algo == "grpo":  # the penalty is in the loss: token_mean -> exactly kl_coef * kl_ref (k3 both)
-        loss_fn = jax.jit(make_rl_loss_fn(learner.model_cfg, learner.obj))
+        # (a large coefficient, so the penalty stands far above the fp32 rounding of the O(1) loss)
+        obj = dataclasses.replace(learner.obj, loss=dataclasses.replace(learner.obj.loss, kl_coef=100.0))
+        loss_fn = jax.jit(make_rl_loss_fn(learner.model_cfg, obj))
         with jax.set_mesh(learner.mesh):
             with_kl, m = loss_fn(learner.state.params, dev, None)
             no_kl, _ = loss_fn(learner.state.params, {k: v for k, v in dev.items() if k != "ref_logp"}, None)
-        np.testing.assert_allclose(float(with_kl - no_kl), 0.1 * float(m["kl_ref"]), rtol=1e-3)
+        np.testing.assert_allclose(float(with_kl - no_kl), 100.0 * float(m["kl_ref"]), rtol=1e-3)
         assert float(m["kl_ref"]) > 1e-5
 
 
-def test_no_reference_without_kl():
+def test_no_reference_without_kl(step_batch):
     cfg = _config(kl_coef=0.0)
     learner = Learner(cfg)
     learner.init_reference("/nonexistent/never/written")
-    assert learner.ref_params is None and "ref_logp" not in learner.prepare(_batch(cfg))
+    assert learner.ref_params is None and "ref_logp" not in learner.prepare(step_batch(cfg))
 
 
-def test_saved_reference_is_restored_not_resnapshotted(tmp_path):
+def test_saved_reference_is_restored_not_resnapshotted(tmp_path, step_batch):
     """A resumed learner (trained params from the checkpoint) gets the reference saved when RL started."""
     from research.train.checkpoint import Checkpointer
 
     cfg = _config(kl_coef=0.1)
-    batch = _batch(cfg, seed=1)
+    batch = step_batch(cfg, seed=1)
     a = Learner(cfg)
     a.init_reference(tmp_path / "reference")
     saved = jax.device_get(a.ref_params)

@@ -20,8 +20,10 @@ INT_KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index")
 FLOAT_KEYS = ("behav_logp", "weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum")
 
 
-def abstract_rl_batch(config: ml_collections.ConfigDict, mesh, *, with_values: bool = False) -> dict:
-    """ShapeDtypeStructs of one packed tree batch as the loop feeds it (rows over the batch axes)."""
+def abstract_rl_batch(config: ml_collections.ConfigDict, mesh, *, with_values: bool = False,
+                      with_ref: bool = False) -> dict:
+    """ShapeDtypeStructs of one packed tree batch as the loop feeds it (rows over the batch axes); `ref_logp`
+    when a KL reference is on (`config.rl.kl_coef > 0`), `old_values` for PPO."""
     B, T, K = config.train.batch_rows, config.train.row_len, config.train.loss_slots
     sh = NamedSharding(mesh, PartitionSpec(batch_axes(config)))
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
@@ -29,6 +31,8 @@ def abstract_rl_batch(config: ml_collections.ConfigDict, mesh, *, with_values: b
            "norm": s((B,), jnp.float32), "loss_idx": s((B, K), jnp.int32), "loss_valid": s((B, K), jnp.bool_)}
     if with_values:
         out["old_values"] = s((B, T), jnp.float32)
+    if with_ref:
+        out["ref_logp"] = s((B, T), jnp.float32)
     return out
 
 
@@ -45,9 +49,11 @@ def lower_rl_step(config: ml_collections.ConfigDict, *, num_layers: int | None =
     state = abstract_train_state(init, mesh, model_cfg.logical_rules)
     shardings = jax.tree.map(lambda a: a.sharding, state)
     step = make_steps(config, model_cfg, obj, init, mesh, shardings)["rl"]
-    lowered = step.lower(state, abstract_rl_batch(config, mesh, with_values=config.algo == "ppo"))
+    batch = abstract_rl_batch(config, mesh, with_values=config.algo == "ppo", with_ref=config.rl.kl_coef > 0)
+    lowered = step.lower(state, batch)
     out = {"mesh": dict(mesh.shape), "num_layers": model_cfg.num_layers,
-           "state_leaves": len(jax.tree.leaves(state)), "hlo_chars": len(lowered.as_text())}
+           "state_leaves": len(jax.tree.leaves(state)), "hlo_chars": len(lowered.as_text()),
+           "batch_keys": sorted(batch)}
     if compile:
         mem = lowered.compile().memory_analysis()
         out["temp_bytes"] = getattr(mem, "temp_size_in_bytes", None)

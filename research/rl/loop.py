@@ -220,8 +220,16 @@ class Loop:
         return good
 
     # ------------------------------------------------------------------ RL (sync)
-    async def rl_sync(self) -> None:
+    def _start_rl(self) -> None:
+        """Once per run (a resume past the first RL checkpoint keeps the restored optimizer state)."""
+        if not self.meta.get("rl_started"):
+            if self.learner.start_rl():
+                log.info("RL phase: fresh optimizer state (config.rl_optim, lr %s)", self.cfg.rl_optim.learning_rate)
+            self.meta["rl_started"] = True
         self.learner.init_reference(self.workdir / "reference")  # KL reference: saved once, restored on resume
+
+    async def rl_sync(self) -> None:
+        self._start_rl()
         while self.meta["rl_step"] < self.cfg.train.steps:
             k = self.meta["rl_step"]
             specs = R.plan_step(self.cfg, self.train_tasks, k)
@@ -271,7 +279,7 @@ class Loop:
     # ------------------------------------------------------------------ RL (async)
     async def rl_async(self) -> None:
         """Rollout rounds run ahead of the learner (at most `lookahead` rounds); staleness is bounded per group."""
-        self.learner.init_reference(self.workdir / "reference")  # KL reference: saved once, restored on resume
+        self._start_rl()
         queue: asyncio.Queue = asyncio.Queue()
         ahead = asyncio.Event()
         start = self.meta["rl_step"]

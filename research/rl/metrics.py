@@ -95,11 +95,18 @@ def plot_rewards(workdir: pathlib.Path) -> pathlib.Path:
         if not pts or style is None:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-        if kind == "eval":  # when each held-out eval happened, in minutes since the run started
-            for (k, st), r in last.items():
-                if k == "eval" and "eval/elapsed_min" in r:
-                    ax.annotate(f"{r['eval/elapsed_min']:.0f}m", (st, r[key]), textcoords="offset points",
+        if kind == "eval":  # when held-out evals happened, in minutes since the run started (not crowded)
+            span, prev = max(s for (_, s) in last) or 1, None
+            for st, r in sorted((s, r) for (k, s), r in last.items() if k == "eval" and "eval/elapsed_min" in r):
+                if prev is None or st - prev >= 0.06 * span:
+                    ax.annotate(f"{r['eval/elapsed_min']:.0f} min", (st, r[key]), textcoords="offset points",
                                 xytext=(0, 6), ha="center", fontsize=7)
+                    prev = st
+    sft_steps = [s for (k, s) in last if k == "sft"]
+    if sft_steps and any(k == "train" for (k, _) in last):
+        ax.axvline(max(sft_steps), color="grey", ls=":", lw=1)
+        ax.annotate("SFT | RL", (max(sft_steps), 0.5), textcoords="offset points", xytext=(3, 0), fontsize=7,
+                    color="grey")
     ax.set_xlabel("step (SFT steps, then RL steps)")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"{pathlib.Path(workdir).name}: reward / pass rate")

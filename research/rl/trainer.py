@@ -71,14 +71,22 @@ def batch_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     return tuple(config.train.get("batch_axes", ("data", "fsdp")))
 
 
+def rl_optimizer(config: ml_collections.ConfigDict, init: StateInit):
+    """The RL phase's optimizer: `config.rl_optim` when set (an SFT warm start at a high lr followed by RL
+    at a much lower one, with fresh Adam moments: see Learner.start_rl), else the policy's `config.optim`."""
+    if not config.get("rl_optim"):
+        return init.optimizer
+    return make_optimizer(config.rl_optim)[0]
+
+
 def make_steps(config: ml_collections.ConfigDict, model_cfg, obj: TreeObjective, init: StateInit, mesh,
                state_shardings) -> dict:
     """{"rl": TrainStep, "sft": TrainStep} sharing the state layout; rows sharded over `batch_axes`."""
     rows = NamedSharding(mesh, PartitionSpec(batch_axes(config)))
-    kw = dict(optimizer=init.optimizer, state_shardings=state_shardings, batch_shardings=rows,
-              critic_optimizer=init.critic_optimizer, num_microbatches=config.train.num_microbatches)
-    return {"rl": make_train_step(loss_fn=make_rl_loss_fn(model_cfg, obj), **kw),
-            "sft": make_train_step(loss_fn=make_sft_loss_fn(model_cfg, obj), **kw)}
+    kw = dict(state_shardings=state_shardings, batch_shardings=rows, critic_optimizer=init.critic_optimizer,
+              num_microbatches=config.train.num_microbatches)
+    return {"rl": make_train_step(loss_fn=make_rl_loss_fn(model_cfg, obj), optimizer=rl_optimizer(config, init), **kw),
+            "sft": make_train_step(loss_fn=make_sft_loss_fn(model_cfg, obj), optimizer=init.optimizer, **kw)}
 
 
 class Learner:
@@ -105,6 +113,23 @@ class Learner:
     @property
     def step(self) -> int:
         return int(self.state.step)
+
+    def start_rl(self) -> bool:
+        """Entering the RL phase: with `config.rl_optim`, fresh optimizer moments for it (returns True).
+
+        Why: Adam's second moments from SFT's last steps (tiny gradients on memorised demonstrations) would
+        turn the first, much larger policy gradients into steps of several times the learning rate, and
+        the SFT learning rate itself is far too high for RL (measured: a 0.78 pass-rate policy collapses to
+        0 within 10 GRPO steps at the SFT lr of 4e-3)."""
+        if not self.config.get("rl_optim"):
+            return False
+        opt = rl_optimizer(self.config, self.init)
+        if jax.tree.structure(jax.eval_shape(opt.init, self.state.params)) != jax.tree.structure(self.state.opt_state):
+            raise ValueError("config.rl_optim must build the same optimizer state structure as config.optim "
+                             "(same chain: e.g. both with clip_norm > 0)")
+        fresh = jax.jit(opt.init, out_shardings=self.shardings.opt_state)(self.state.params)
+        self.state = self.state.replace(opt_state=fresh)
+        return True
 
     # ------------------------------------------------------------------ reference policy (KL penalty)
     @property
