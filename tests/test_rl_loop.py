@@ -123,13 +123,13 @@ def test_sft_warm_start_then_ppo(tmp_path):
     cfg.rollout.update(max_turns=2)  # the expert's tool call + its final answer
     cfg.sft.update(steps=2, num_demos=2, groups_per_step=2)
     cfg.eval.update(sft_every=1, num_tasks=1)  # a held-out eval after SFT step 1 (not after the last one)
-    cfg.train.update(steps=2)
+    cfg.train.update(steps=3)
     wd = tmp_path / "run"
     summary = train(cfg, wd)
     evals = _records(wd, "eval")
     assert [r["step"] for r in evals] == [1] and evals[0]["eval/all/count"] == 1
     assert 0 < evals[0]["eval/elapsed_min"] < 10
-    assert summary == {**summary, "step": 4, "rl_step": 2}
+    assert summary == {**summary, "step": 5, "rl_step": 3}
     change, meta = _params_changed(cfg, wd)
     assert change > 0
     sft = _records(wd, "sft")
