@@ -101,8 +101,9 @@ def test_grpo_three_steps_mix_harness(tmp_path):
         for key in ("rollout/all/reward", "rollout/reference/reward", "rollout/reference_b/reward",
                     "rollout/reference/pass_rate", "rollout/reference_b/pass_rate", "loss", "grad_norm",
                     "clip_frac", "entropy", "mismatch_k3", "tree_compression", "trained_tokens_per_s",
-                    "rollout/latency_s", "staleness", "stale_rollouts"):
+                    "rollout/latency_s", "staleness", "stale_rollouts", "rollout/tokens_per_s"):
             assert key in r, key
+        assert r["rollout/generated_tokens"] > 0 and r["rollout/tokens_per_s"] > 0
         assert r["tree_compression"] > 1.0  # the group's calls share their prompt
     assert any(r["grad_norm"] > 0 for r in recs)
     assert (wd / "reward_curve.png").stat().st_size > 1000

@@ -260,6 +260,9 @@ class Loop:
         m.update(rollout_s=rollout_s, tree_s=tree_s, stale_groups=batch.stale_groups,
                  stale_rollouts=batch.stale_rollouts, rejected_calls=len(batch.rejections),
                  tree_compression=batch.flat_tokens / max(batch.tree_tokens, 1))
+        generated = sum(len(c.completion_ids) for g in groups for c in g.calls)  # every call the policy answered
+        m["rollout/generated_tokens"] = float(generated)
+        m["rollout/tokens_per_s"] = generated / max(rollout_s, 1e-9)  # generation throughput seen by the harnesses
         if batch.trees:
             m["staleness"] = self.learner.step - batch.min_version
             t = time.monotonic()
