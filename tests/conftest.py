@@ -46,3 +46,29 @@ def step_batch():
         return batch
 
     return make
+
+
+PARITY_CHECK = """import json, os
+p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
+print(1.0 if len(p["final_message"]) % 2 == 0 else 0.0)
+"""
+
+
+@pytest.fixture
+def parity_tasks():
+    """make(root, n) -> a ClawGym task dir of n chat-graded tasks rewarding an even-length final message: a
+    random tiny policy gets rewards that vary within a group, so RL-loop tests have a GRPO signal."""
+    import json
+
+    def make(root: pathlib.Path, n: int = 4) -> pathlib.Path:
+        for i in range(n):
+            d = root / f"parity{i}"
+            (d / "reward").mkdir(parents=True, exist_ok=True)
+            (d / "data_entry.json").write_text(json.dumps({
+                "task_id": f"parity{i}", "user_query": f"Say something {i}.",
+                "metadata": {"category": "chat", "chat_graded": True}}))
+            (d / "reward" / "check.py").write_text(PARITY_CHECK)
+            (d / "reward" / "reward.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$0")/check.py"\n')
+        return root
+
+    return make

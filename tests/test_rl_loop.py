@@ -23,11 +23,6 @@ from research.capture import CallRecord, RolloutResult, read_log
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-CHECK = """import json, os
-p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
-print(1.0 if len(p["final_message"]) % 2 == 0 else 0.0)
-"""
-
 
 @register
 class ReferenceB(ReferenceHarness):
@@ -36,25 +31,14 @@ class ReferenceB(ReferenceHarness):
     name = "reference_b"
 
 
-def _tasks(root: pathlib.Path, n: int = 4) -> pathlib.Path:
-    for i in range(n):
-        d = root / f"parity{i}"
-        (d / "reward").mkdir(parents=True, exist_ok=True)
-        (d / "data_entry.json").write_text(json.dumps({"task_id": f"parity{i}", "user_query": f"Say something {i}.",
-                                                       "metadata": {"category": "chat", "chat_graded": True}}))
-        (d / "reward" / "check.py").write_text(CHECK)
-        (d / "reward" / "reward.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$0")/check.py"\n')
-    return root
-
-
-def _config(tmp_path: pathlib.Path, **over):
+def _config(tmp_path: pathlib.Path, parity_tasks, **over):
     from configs import demo_cpu
 
     ok, why = get_backend("bwrap").available()
     if not ok:
         pytest.skip(why)
     cfg = demo_cpu.get_config("test")
-    tasks = _tasks(tmp_path / "task_src")
+    tasks = parity_tasks(tmp_path / "task_src")
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.optim.update(warmup_steps=0, learning_rate=1e-2)
     cfg.rollout.update(temperature=1.0, max_turns=1)
@@ -86,10 +70,10 @@ def _records(workdir: pathlib.Path, kind: str):
 
 
 @pytest.mark.timeout(600)
-def test_grpo_three_steps_mix_harness(tmp_path):
+def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
     from research.rl.loop import train
 
-    cfg = _config(tmp_path, **{"rollout.harnesses": "reference:1,reference_b:1"})
+    cfg = _config(tmp_path, parity_tasks, **{"rollout.harnesses": "reference:1,reference_b:1"})
     wd = tmp_path / "run"
     summary = train(cfg, wd)
     assert summary["rl_step"] == 3 and summary["step"] == 3
@@ -115,11 +99,11 @@ def test_grpo_three_steps_mix_harness(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_sft_warm_start_then_ppo(tmp_path):
+def test_sft_warm_start_then_ppo(tmp_path, parity_tasks):
     """SFT on demonstrations captured through the harness by the expert engine, then 3 PPO steps (value head)."""
     from research.rl.loop import train
 
-    cfg = _config(tmp_path, algo="ppo")
+    cfg = _config(tmp_path, parity_tasks, algo="ppo")
     cfg.tasks.update(source="make_file")  # the expert knows the make_file family
     cfg.rollout.update(max_turns=2)  # the expert's tool call + its final answer
     cfg.sft.update(steps=2, num_demos=2, groups_per_step=2)
@@ -143,11 +127,11 @@ def test_sft_warm_start_then_ppo(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_async_never_trains_beyond_staleness_bound(tmp_path):
+def test_async_never_trains_beyond_staleness_bound(tmp_path, parity_tasks):
     from research.rl.loop import train
 
     bound = 0
-    cfg = _config(tmp_path, **{"rollout.mode": "async", "rollout.max_off_policy_steps": bound,
+    cfg = _config(tmp_path, parity_tasks, **{"rollout.mode": "async", "rollout.max_off_policy_steps": bound,
                                "rollout.lookahead": 2, "train.steps": 4})
     wd = tmp_path / "run"
     train(cfg, wd)
@@ -167,9 +151,9 @@ def test_async_never_trains_beyond_staleness_bound(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_kill9_resume_no_lost_or_duplicated_rollouts(tmp_path):
+def test_kill9_resume_no_lost_or_duplicated_rollouts(tmp_path, parity_tasks):
     cfg_over = ["--config.train.steps=5", "--config.tasks.source=dir",
-                f"--config.tasks.train_dir={_tasks(tmp_path / 'task_src')}",
+                f"--config.tasks.train_dir={parity_tasks(tmp_path / 'task_src')}",
                 f"--config.tasks.eval_dir={tmp_path / 'task_src'}", "--config.rollout.max_turns=1"]
     if not get_backend("bwrap").available()[0]:
         pytest.skip("bwrap unavailable")

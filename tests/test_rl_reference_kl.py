@@ -3,7 +3,6 @@ slots, reported as `kl_ref`, saved once and restored (not re-snapshotted) when a
 
 import dataclasses
 import json
-import pathlib
 
 import jax
 import numpy as np
@@ -12,11 +11,6 @@ import pytest
 from research.rl.objective import make_rl_loss_fn, scatter_slots
 from research.rl.trainer import Learner
 from research.trees.objective import make_tree_eval_fn
-
-CHECK = """import json, os
-p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
-print(1.0 if len(p["final_message"]) % 2 == 0 else 0.0)
-"""
 
 
 def _config(**rl):
@@ -104,20 +98,9 @@ def test_saved_reference_is_restored_not_resnapshotted(tmp_path, step_batch):
 # ----------------------------------------------------------------------------- the loop (real harness)
 
 
-def _tasks(root: pathlib.Path, n: int = 2) -> pathlib.Path:
-    for i in range(n):
-        d = root / f"parity{i}"
-        (d / "reward").mkdir(parents=True, exist_ok=True)
-        (d / "data_entry.json").write_text(json.dumps({"task_id": f"parity{i}", "user_query": f"Say something {i}.",
-                                                       "metadata": {"category": "chat", "chat_graded": True}}))
-        (d / "reward" / "check.py").write_text(CHECK)
-        (d / "reward" / "reward.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$0")/check.py"\n')
-    return root
-
-
 @pytest.mark.harness
 @pytest.mark.timeout(400)
-def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path):
+def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path, parity_tasks):
     """One GRPO step, stop, then the same run resumed to step 2: kl_ref is ~0 at the first step only (a
     re-snapshot on resume would make it ~0 again at step 2) and the reference on disk is the initial policy."""
     from harness_env.sandbox import get_backend
@@ -126,7 +109,7 @@ def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path):
     if not get_backend("bwrap").available()[0]:
         pytest.skip("bwrap unavailable")
     cfg = _config(kl_coef=0.1)
-    tasks = _tasks(tmp_path / "tasks")
+    tasks = parity_tasks(tmp_path / "tasks", n=2)
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=1)
     cfg.train.update(steps=1)
