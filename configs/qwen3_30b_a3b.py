@@ -59,6 +59,7 @@ _MESHES = {
     "tpu": dict(data=1, fsdp=2, expert=8, tensor=1),
 }
 _ROWS = {"gpu": 8, "tpu": 16}
+CONTEXT = 32768  # the RL configs' serving context = packed row length
 
 
 def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
@@ -104,8 +105,11 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
     config.name = f"qwen3_30b_a3b_rl_{target}"
     config.init_checkpoint = ""  # HF checkpoint dir of Qwen/Qwen3-30B-A3B (required)
     config.algo = "grpo"
-    config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=base.train.row_len,
+    # A packed row must hold the longest rollout path (a whole agent session up to the serving context):
+    # 32k-token rows and a 32k serving context (engine.max_len; the SGLang server's --context-length).
+    config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=CONTEXT,
                         logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
+    config.engine.update(max_len=CONTEXT)
     config.train.batch_axes = ("data", "fsdp", "expert")
     config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0,
                      kl_coef=0.0, kl_estimator="k3", ref_checkpoint="")  # ref "": the init_checkpoint params

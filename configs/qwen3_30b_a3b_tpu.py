@@ -22,6 +22,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     del arg
     config = qwen3_30b_a3b.rl_config("tpu", rollout_backend="kubernetes")
     config.sync.update(kind="jax")
-    config.engine.update(num_slots=64, max_len=65536, prefill_chunk=2048)
+    config.engine.update(num_slots=64, prefill_chunk=2048)  # max_len: the 32k context of rl_config
     config.distributed.update(enabled=True)
     return config

@@ -7,10 +7,10 @@ import json
 import jax
 import numpy as np
 import pytest
+from tree_oracle import make_full_eval_fn
 
 from research.rl.objective import make_rl_loss_fn, scatter_slots
 from research.rl.trainer import Learner
-from research.trees.objective import make_tree_eval_fn
 
 
 def _config(**rl):
@@ -42,7 +42,7 @@ def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo, step_batch):
     np.testing.assert_array_equal(ref, scatter_slots(np.asarray(own), dev["loss_idx"], dev["loss_valid"], T))
     assert np.all(ref[slots] < 0) and np.all(ref[~slots] == 0)
     # independent check of the slot placement: the full-head tree objective's log-probs at those slots
-    full = make_tree_eval_fn(learner.model_cfg, learner.obj)(
+    full = make_full_eval_fn(learner.model_cfg, learner.obj)(
         jax.device_get(learner.state.params), jax.device_get(learner.state.critic_params), batch.device)
     np.testing.assert_allclose(ref[slots], np.asarray(full["logp"])[slots], rtol=1e-4, atol=1e-4)
     if algo == "ppo":

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec
 
-from research.rl.trainer import batch_axes, make_steps, state_init, tree_objective
-from research.train.state import abstract_train_state, make_mesh, model_config
+from research.rl.config import RunConfig
+from research.rl.trainer import make_steps, state_init
+from research.train.state import abstract_train_state, make_mesh
 
 INT_KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index")
 FLOAT_KEYS = ("behav_logp", "weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum")
@@ -25,7 +26,7 @@ def abstract_rl_batch(config: ml_collections.ConfigDict, mesh, *, with_values: b
     """ShapeDtypeStructs of one packed tree batch as the loop feeds it (rows over the batch axes); `ref_logp`
     when a KL reference is on (`config.rl.kl_coef > 0`), `old_values` for PPO."""
     B, T, K = config.train.batch_rows, config.train.row_len, config.train.loss_slots
-    sh = NamedSharding(mesh, PartitionSpec(batch_axes(config)))
+    sh = NamedSharding(mesh, PartitionSpec(tuple(config.train.batch_axes)))
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
     out = {**{k: s((B, T), jnp.int32) for k in INT_KEYS}, **{k: s((B, T), jnp.float32) for k in FLOAT_KEYS},
            "norm": s((B,), jnp.float32), "loss_idx": s((B, K), jnp.int32), "loss_valid": s((B, K), jnp.bool_)}
@@ -42,13 +43,13 @@ def lower_rl_step(config: ml_collections.ConfigDict, *, num_layers: int | None =
     if num_layers is not None:
         config = config.copy_and_resolve_references()
         config.model.num_layers = num_layers
-    model_cfg = model_config(config)
-    obj = tree_objective(config)
-    init = state_init(config, model_cfg, obj)
+    run = RunConfig.of(config)
+    model_cfg = run.model
+    init = state_init(run)
     mesh = make_mesh(config.mesh, devices)
     state = abstract_train_state(init, mesh, model_cfg.logical_rules)
     shardings = jax.tree.map(lambda a: a.sharding, state)
-    step = make_steps(config, model_cfg, obj, init, mesh, shardings)["rl"]
+    step = make_steps(run, init, mesh, shardings)["rl"]
     batch = abstract_rl_batch(config, mesh, with_values=config.algo == "ppo", with_ref=config.rl.kl_coef > 0)
     lowered = step.lower(state, batch)
     out = {"mesh": dict(mesh.shape), "num_layers": model_cfg.num_layers,

@@ -31,7 +31,6 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from research.models import ModelConfig, Qwen3, dummy_inputs
-from research.train.optim import make_optimizer
 
 PyTree = Any
 InitFn = Callable[[jax.Array], PyTree]  # rng -> boxed params (nn.Partitioned leaves carry logical names)
@@ -178,15 +177,16 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict | dict, devices: Sequence[jax.
     return Mesh(np.asarray(devices[:n]).reshape(sizes), AXES)
 
 
-def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+def model_config(config: ml_collections.ConfigDict | dict) -> ModelConfig:
     """`config.model` (all ModelConfig fields) -> the frozen ModelConfig the model functions take."""
-    fields = config.model.to_dict()
+    model = config["model"]
+    fields = model.to_dict() if isinstance(model, ml_collections.ConfigDict) else dict(model)
     for key in ("mlp_only_layers", "logical_rules"):
         if key in fields:
             fields[key] = _tuples(fields[key])
     try:
         return ModelConfig(**fields)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"config.model: {e}") from e
 
 
@@ -194,20 +194,14 @@ def _tuples(x):
     return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
 
 
-def policy_state_init(config: ml_collections.ConfigDict) -> tuple[StateInit, ModelConfig]:
-    """The StateInit of the Qwen3 policy described by `config.model` / `config.optim`."""
-    cfg = model_config(config)
-    optimizer, _ = make_optimizer(config.optim)
+def policy_state_init(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, *,
+                      critic_init_fn: InitFn | None = None,
+                      critic_optimizer: optax.GradientTransformation | None = None) -> StateInit:
+    """The one StateInit of the Qwen3 policy (and, with a critic, its value head): functions only, nothing
+    is allocated. The RL learner, the AOT compile and the tests all build their state from this."""
     # Init runs one forward on a dummy row; expert parallelism does not change the params and would
     # need the dummy token count to divide the expert mesh axis, so the init forward runs without it.
-    init_cfg = cfg.replace(expert_parallel=False)
+    init_cfg = model_cfg.replace(expert_parallel=False)
     init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
-    return StateInit(init_fn=init_fn, optimizer=optimizer), cfg
-
-
-def create_train_state(
-    config: ml_collections.ConfigDict, mesh: Mesh, rng: jax.Array
-) -> tuple[TrainState, TrainState]:
-    """(state, shardings) of the policy in `config`, built shard-by-shard on `mesh`."""
-    init, cfg = policy_state_init(config)
-    return init_train_state(init, mesh, cfg.logical_rules, rng)
+    return StateInit(init_fn=init_fn, optimizer=optimizer, critic_init_fn=critic_init_fn,
+                     critic_optimizer=critic_optimizer)

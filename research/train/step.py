@@ -6,8 +6,8 @@ a propagation accident, and donating the old state halves peak memory (params + 
 in place). The batch is pure data (packed rows of fixed padded shape), so different prefix-tree
 shapes never recompile.
 
-The objective is supplied by the caller as `loss_fn(params, batch, rng) -> (loss, metrics)` — tree
-PPO/GRPO from `research.trees`, or `sft_loss_fn` below. When the state carries a critic, the loss is
+The objective is supplied by the caller as `loss_fn(params, batch, rng) -> (loss, metrics)` — the
+tree PPO/GRPO or SFT loss of research/rl/objective.py. When the state carries a critic, the loss is
 called as `loss_fn(params, batch, rng, critic_params=...)` and both are differentiated in one
 backward pass, each updated by its own optimizer (critics usually want a larger learning rate).
 
