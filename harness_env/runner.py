@@ -108,7 +108,8 @@ class Runner:
         self.capture = capture_log
         self.backend = backend or get_backend(config.backend)
         self.cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        disk.release_stale(self.cfg.out_dir / "rollouts")  # capped mounts of a run that died
+        disk.reap_orphans()  # capped mounts of orchestrators that died
+        disk.release_stale(self.cfg.out_dir / "rollouts")  # ... and any left in this run's own dir
         self.results_path = self.cfg.out_dir / "results.jsonl"
         self._results = CaptureLog(self.results_path)
 

@@ -23,8 +23,8 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 
+from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
-from harness_env.sandbox import reaper
 from harness_env.sandbox.base import (
     FORWARDER_HOST,
     FORWARDER_IN,
@@ -234,4 +234,5 @@ class BwrapBackend(Backend):
         return sbx
 
     async def reap(self) -> int:
-        return await asyncio.to_thread(reaper.reap_process_sandboxes, self.mode, self.state_dir)
+        n = await asyncio.to_thread(reaper.reap_process_sandboxes, self.mode, self.state_dir)
+        return n + await asyncio.to_thread(disk.reap_orphans)

@@ -13,13 +13,15 @@ lives on the host directory itself:
     "exceeded" = more bytes than the cap. Not a hard wall (a burst between polls gets through), but
     the rollout ends within one poll interval.
 
-Either way the runner ends the rollout with status `disk_limit` (see harness_env/runner.py). Mounts
-left by an orchestrator that died are detached by `release_stale` on the next start.
+Either way the runner ends the rollout with status `disk_limit` (see harness_env/runner.py). Every
+mount is recorded with its owner (pid + start time) under the reaper's state dir; `reap_orphans` (run
+by every backend's `reap()`, i.e. at the next orchestrator start) detaches those of dead owners.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pathlib
 import shutil
@@ -27,8 +29,10 @@ import stat
 import subprocess
 import tempfile
 
+from harness_env.sandbox import reaper
 from harness_env.sandbox.base import LAUNCH_ENV
 
+RECORDS = reaper.STATE_DIR.parent / "disks"  # one JSON per live capped mount: owner + path
 SLACK_BYTES = 1 << 20  # a tmpfs with less free space than this (or 1% of the cap) counts as full
 INODES_PER_MB = 256
 
@@ -83,7 +87,11 @@ class DiskCap:
         if self.mode != "tmpfs":
             return
         opts = f"size={self.limit_mb}m,nr_inodes={max(1024, self.limit_mb * INODES_PER_MB)},mode=0755"
+        self.record = RECORDS / f"{os.getpid()}-{id(self):x}-{self.path.name}.json"
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        self.record.write_text(json.dumps({"owner": reaper.owner_record(), "path": str(self.path)}))
         if not _run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(self.path)]):
+            self.record.unlink(missing_ok=True)
             raise OSError(f"cannot mount a {self.limit_mb} MiB tmpfs on {self.path}")
         self.mounted = True
 
@@ -119,6 +127,8 @@ class DiskCap:
         if not _run(["umount", str(self.path)]):
             _run(["umount", "-l", str(self.path)])  # still busy: detach now, freed when the last user goes
         self.mounted = False
+        if getattr(self, "record", None) is not None:
+            self.record.unlink(missing_ok=True)
         if keep:
             self.path.rmdir()
             kept.rename(self.path)
@@ -128,6 +138,24 @@ def _copy_regular(src: str, dst: str) -> None:
     """copytree's copier for agent-made trees: regular files only (a FIFO would block the copy forever)."""
     if stat.S_ISREG(os.lstat(src).st_mode):
         shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def reap_orphans(records: pathlib.Path | None = None) -> int:
+    """Detaches the capped mounts of orchestrators that died (kill -9) before releasing them."""
+    records = records or RECORDS
+    n = 0
+    for rec in sorted(records.glob("*.json")) if records.is_dir() else []:
+        try:
+            d = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            d = {}
+        if d and reaper.alive(d.get("owner", {})):
+            continue
+        path = pathlib.Path(d.get("path", "/nonexistent"))
+        if is_mount(path) and (_run(["umount", str(path)]) or _run(["umount", "-l", str(path)])):
+            n += 1
+        rec.unlink(missing_ok=True)
+    return n
 
 
 def release_stale(root: pathlib.Path) -> int:

@@ -25,8 +25,8 @@ import time
 
 from harness_env.images.build import IMAGE
 from harness_env.images.build import build as build_image
+from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
-from harness_env.sandbox import reaper
 from harness_env.sandbox.base import (
     FORWARDER_HOST,
     FORWARDER_IN,
@@ -272,7 +272,7 @@ class DockerBackend(Backend):
         return await _blocking(self._reap_sync)
 
     def _reap_sync(self) -> int:
-        n = 0
+        n = disk.reap_orphans()  # the capped workspace/HOME mounts of dead orchestrators
         host = socket.gethostname()
         for c in self.client.containers.list(all=True, filters={"label": LABEL}):
             labels = c.labels or {}

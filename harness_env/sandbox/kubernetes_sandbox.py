@@ -31,7 +31,7 @@ import socket
 import tarfile
 import time
 
-from harness_env.sandbox import reaper
+from harness_env.sandbox import disk, reaper
 from harness_env.sandbox.base import (
     FORWARDER_IN,
     HOME,
@@ -325,7 +325,7 @@ class KubernetesBackend(Backend):
 
     def _reap_sync(self) -> int:
         host = socket.gethostname()
-        n = 0
+        n = disk.reap_orphans()  # the host-side capped workspace/HOME mounts of dead orchestrators
         pods = self.api.list_namespaced_pod(self.namespace, label_selector=f"{LABEL}=1").items
         for p in pods:
             try:

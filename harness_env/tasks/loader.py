@@ -80,13 +80,20 @@ class Task:
         return bool(self.metadata.get("chat_graded", False))
 
     def populate(self, workspace: pathlib.Path) -> None:
-        """Copies input_files/ into the host workspace dir (links as links: they were checked at load).
-        A copy that fails (e.g. inputs larger than the workspace's disk cap) is the task's problem."""
+        """Copies input_files/ into the host workspace dir (links as links: they were checked at load),
+        made writable by its owner: a read-only task store (like ../shared) must not make the agent's
+        inputs read-only. A copy that fails (e.g. inputs over the workspace's disk cap) is the task's problem."""
         workspace.mkdir(parents=True, exist_ok=True)
         if not self.input_dir.is_dir():
             return
         try:
             shutil.copytree(self.input_dir, workspace, symlinks=True, dirs_exist_ok=True)
+            for dirpath, dirnames, filenames in os.walk(workspace):
+                for name in dirnames + filenames:
+                    q = os.path.join(dirpath, name)
+                    st = os.lstat(q)
+                    if not stat.S_ISLNK(st.st_mode):
+                        os.chmod(q, stat.S_IMODE(st.st_mode) | (0o700 if stat.S_ISDIR(st.st_mode) else 0o600))
         except (OSError, shutil.Error) as e:
             raise TaskError(f"{self.root}: copying input_files into the workspace: {e}") from e
 

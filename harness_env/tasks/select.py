@@ -47,7 +47,10 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
             family.generate(out, split=split, seed=seed)
         dirs = sorted(p for p in out.iterdir() if p.is_dir())
     else:
-        dirs = discover(LIBRARY if source == "library" else source)
+        folder = LIBRARY if source == "library" else pathlib.Path(source)
+        if not folder.is_dir():
+            raise TaskError(f"task source {source!r}: not library, make_file, nor a task directory")
+        dirs = discover(folder)
         if split != "all":
             dirs = [d for d in dirs if split_of(d.name, seed=seed, heldout_fraction=heldout_fraction) == split]
     if limit is not None and limit >= 0 and limit < len(dirs):

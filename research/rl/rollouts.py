@@ -20,7 +20,7 @@ import ml_collections
 
 from harness_env.runner import RolloutSpec, Runner, RunnerConfig
 from harness_env.sandbox import Limits
-from harness_env.tasks import discover, family
+from harness_env.tasks import select_tasks
 from research.capture import CaptureLog, RolloutResult
 from research.serving.api import Engine, GenerateRequest
 from research.shim.server import ShimServer
@@ -50,16 +50,16 @@ def step_of(rollout_id: str) -> int:
 
 
 def task_dirs(tasks: ml_collections.ConfigDict, root: pathlib.Path, split: str) -> list[pathlib.Path]:
-    """The task folders of `split` ("train" | "heldout"): the make_file family or a ClawGym-format dir."""
-    if tasks.source == "make_file":
-        out = root / "tasks" / split
-        if not out.exists() or not any(out.iterdir()):
-            family.generate(out, split=split, seed=tasks.seed)
-        return sorted(p for p in out.iterdir() if p.is_dir())
+    """The task folders of `split` ("train" | "heldout") through the one task selection of harness_env
+    (harness_env/tasks/select.py, also behind launch.eval). `config.tasks.source`: `make_file` (the family,
+    generated under root/tasks), `library`, `dir` (`train_dir` / `eval_dir` as given), or a folder of
+    ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash (`seed`, `heldout_fraction`,
+    default 0.1); optional `limit`: a seeded sample of that many tasks per split."""
+    kw = dict(seed=tasks.seed, heldout_fraction=tasks.get("heldout_fraction", 0.1), limit=tasks.get("limit", None),
+              scratch=root)
     if tasks.source == "dir":
-        d = pathlib.Path(tasks.train_dir if split == "train" else tasks.eval_dir)
-        return discover(d)
-    raise ValueError(f"config.tasks.source={tasks.source!r}; known: make_file, dir")
+        return select_tasks(tasks.train_dir if split == "train" else tasks.eval_dir, **kw)
+    return select_tasks(tasks.source, split=split, **kw)
 
 
 def harness_weights(cfg: ml_collections.ConfigDict) -> list[tuple[str, float]]:
