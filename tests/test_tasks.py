@@ -1,7 +1,6 @@
 """The task library's checkers really check; loader errors; the make_file family; synthesis."""
 import asyncio
 import json
-import pathlib
 
 import pytest
 

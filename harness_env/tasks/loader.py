@@ -88,6 +88,7 @@ class Task:
             return
         try:
             shutil.copytree(self.input_dir, workspace, symlinks=True, dirs_exist_ok=True)
+            os.chmod(workspace, 0o755)  # copytree gave it input_files/'s own mode
             for dirpath, dirnames, filenames in os.walk(workspace):
                 for name in dirnames + filenames:
                     q = os.path.join(dirpath, name)
@@ -170,6 +171,9 @@ def _check_link(p: pathlib.Path, top: pathlib.Path, real_top: pathlib.Path) -> N
     target = os.readlink(p)
     if os.path.isabs(target):
         raise TaskError(f"{p}: symlink to the absolute path {target!r} (links must be relative, inside {top.name}/)")
+    lexical = os.path.normpath(os.path.join(os.path.dirname(p), target))
+    if os.path.commonpath([lexical, str(top)]) != str(top):
+        raise TaskError(f"{p}: symlink {target!r} leaves {top.name}/")
     try:
         resolved = p.resolve(strict=True)
     except RuntimeError:  # Python 3.11: "Symlink loop from ..."
