@@ -113,6 +113,18 @@ def test_disk_caps_end_the_rollout_with_disk_limit(bwrap, tmp_path, harness, mod
     assert not [m for m in _mount_points() if str(tmp_path) in m]  # the capped mounts are gone
 
 
+@pytest.mark.docker
+def test_disk_cap_in_docker(tmp_path):
+    """The capped host mount is what the container binds: the same wall, the same status."""
+    backend = get_backend("docker")
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(why)
+    (res,) = _run(tmp_path, plan([_task(tmp_path, "fill")], ["test_fill_workspace"], 1), backend,
+                  limits=Limits(workspace_mb=8, home_mb=8, memory_mb=512))
+    assert res.status == "disk_limit" and "workspace" in res.message, res
+
+
 def test_uncapped_disk_and_the_harness_starts_in_the_tasks_workspace(bwrap, tmp_path):
     task = _task(tmp_path, "ok", {"task_id": "ok", "user_query": "q", "input_mount_dir": "/srv/job ws"},
                  reward='cd "$(dirname "$0")/.." && [ "$(cat where.txt)" = "/srv/job ws" ] && echo 1.0 || echo 0.0')

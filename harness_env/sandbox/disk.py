@@ -86,7 +86,7 @@ class DiskCap:
         self.path.mkdir(parents=True, exist_ok=True)
         if self.mode != "tmpfs":
             return
-        opts = f"size={self.limit_mb}m,nr_inodes={max(1024, self.limit_mb * INODES_PER_MB)},mode=0755"
+        opts = f"size={self.limit_mb}m,nr_inodes={max(1024, self.limit_mb * INODES_PER_MB)},mode=0755,nodev,nosuid"
         self.record = RECORDS / f"{os.getpid()}-{id(self):x}-{self.path.name}.json"
         self.record.parent.mkdir(parents=True, exist_ok=True)
         self.record.write_text(json.dumps({"owner": reaper.owner_record(), "path": str(self.path)}))

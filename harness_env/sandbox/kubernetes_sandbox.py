@@ -10,7 +10,8 @@ bwrap/docker, by necessity:
   - the workspace and HOME are emptyDir volumes filled by `copy_in` (tar over exec), not host binds,
     with `sizeLimit` = the disk caps (the kubelet evicts a pod over them: `ExecResult.disk_exceeded`);
     `export_workspace` kills every process in the pod and copies the workspace back to the host dir
-    (extracted with tarfile's `tar` filter: nothing lands outside it), from where the verifier's fresh
+    (tarfile's `tar` filter, regular files / dirs / links only: nothing lands outside it, no device
+    node, no setuid bit), from where the verifier's fresh
     pod gets it;
   - the image must contain python3, tar and coreutils (harness_env/images/Dockerfile.k8s): host /usr
     cannot be mounted;
@@ -51,8 +52,9 @@ OWNER = "harness-rl.sandbox/owner"  # annotation: {"owner": {pid, start}, "host"
 
 
 def extract_into(data: bytes, dest: pathlib.Path) -> int:
-    """Replaces dest's contents by the tar `data` from a pod, through tarfile's `tar` filter (no member or
-    link target written outside dest, no device files, no setuid bits); refused members are skipped.
+    """Replaces dest's contents by the tar `data` from a pod, through tarfile's `tar` filter (no member
+    written outside dest or through a link, no setuid bits) and regular files, dirs and links only (no
+    device node or FIFO); refused members are skipped.
     Returns how many were skipped."""
     dest.mkdir(parents=True, exist_ok=True)
     for child in dest.iterdir():  # dest itself may be a capped mount: empty it, keep it
@@ -64,6 +66,9 @@ def extract_into(data: bytes, dest: pathlib.Path) -> int:
 
     def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
         nonlocal skipped
+        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            skipped += 1  # device nodes and FIFOs: never created on the host (we extract as root)
+            return None
         try:
             return tarfile.tar_filter(member, path)
         except tarfile.FilterError:
