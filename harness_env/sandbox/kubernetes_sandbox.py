@@ -11,8 +11,9 @@ bwrap/docker, by necessity:
     with `sizeLimit` = the disk caps (the kubelet evicts a pod over them: `ExecResult.disk_exceeded`);
     `export_workspace` kills every process in the pod and copies the workspace back to the host dir
     (tarfile's `tar` filter, regular files / dirs / links only: nothing lands outside it, no device
-    node, no setuid bit), from where the verifier's fresh
-    pod gets it;
+    node, no setuid bit), from where the verifier's fresh pod gets it;
+  - the workspace's path is the task's (`spec.workspace_dir`): an image must leave its parents
+    traversable by uid 1000 (Dockerfile.k8s opens /root for ClawGym's /root/.openclaw/workspace);
   - the image must contain python3, tar and coreutils (harness_env/images/Dockerfile.k8s): host /usr
     cannot be mounted;
   - a pids limit is a kubelet setting (podPidsLimit), not part of the Pod spec.
@@ -199,7 +200,10 @@ class KubernetesSandbox(Sandbox):
         then copies the workspace to the host dir through a filtered tar extraction."""
         if self.closed:
             raise SandboxError(f"sandbox {self.id} is closed")
-        await self._exec_raw(["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"], cwd="/", timeout=30)
+        # The agent may have made files unreadable (chmod 000): a failing export would be an infra error it
+        # could provoke at will, so its own uid restores read access first.
+        await self._exec_raw(["/bin/sh", "-c", 'kill -9 -1 2>/dev/null; chmod -R u+rwX -- "$1" 2>/dev/null; true', "sh",
+                              self.spec.workspace_dir], cwd="/", timeout=60)
         rc, out, err, _, _ = await self._exec_raw(["tar", "-c", "-f", "-", "-C", self.spec.workspace_dir, "."],
                                                   cwd="/", timeout=300)
         if rc not in (0, 1):  # GNU tar: 1 = "some files changed while being read"
