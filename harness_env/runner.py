@@ -308,7 +308,10 @@ class Runner:
         """The harness has exited and nothing of it runs: timeout / harness_error / reward_error / ok."""
         if res.timed_out:
             return RolloutResult(**base, status="timeout", message=f"harness ran past {self.cfg.timeout_s:.0f}s")
-        outcome = harness.parse_output(res)
+        try:
+            outcome = harness.parse_output(res)
+        except Exception as e:  # output the adapter cannot read is the harness's failure, never a retry
+            raise HarnessError(f"{harness.name}: reading its output: {type(e).__name__}: {e}") from e
         base["meta"].update(num_turns=outcome.num_turns, final_message=outcome.final_message[-4000:],
                             harness_meta=outcome.meta)
         if not outcome.completed:

@@ -84,6 +84,8 @@ def _solve_and_idle(tmp_path, tok_dir, backend_name, harness="reference"):
     results, calls = run_rollouts(tmp_path, engine, tok, specs, backend=backend, concurrency=2)
     by = {r.rollout_id.split(".")[0]: r for r in results}
     for r in results:
+        print(f"{harness}/{backend_name} {r.rollout_id}: {r.status} reward={r.reward} "
+              + " ".join(f"{k}={v:.2f}" for k, v in sorted(r.timings.items())))
         assert r.status == "ok", f"{r.rollout_id}: {r.status}: {r.message}\n{logs_of(tmp_path, r.rollout_id)}"
     return by, calls
 

@@ -289,3 +289,20 @@ def test_disk_limit_is_a_valid_capture_status(tmp_path):
     log.close()
     (r,) = read_log(tmp_path / "r.jsonl")
     assert r.status == "disk_limit"
+
+
+def test_a_command_faking_a_bwrap_failure_is_not_infrastructure(bwrap, tmp_path):
+    """Only bwrap's own start failures are infra errors (retried, then dropped from training): an agent that
+    prints "bwrap: ..." and exits 1 must not turn its rollout into one."""
+    from harness_env.sandbox import Mount, SandboxStartError
+
+    (tmp_path / "ws").mkdir()
+
+    async def go(**kw):
+        async with await bwrap.create(SandboxSpec(workspace=tmp_path / "ws", home=tmp_path / "h", name="f", **kw)) as s:
+            return await s.exec(["/bin/sh", "-c", 'echo "bwrap: Can\'t mount proc" >&2; exit 1'])
+
+    res = asyncio.run(go())
+    assert res.exit_code == 1 and res.stderr.startswith("bwrap:")  # the command's own failure, returned
+    with pytest.raises(SandboxStartError, match="nonexistent"):
+        asyncio.run(go(mounts=[Mount("/nonexistent-hrl", "/x")]))

@@ -64,10 +64,10 @@ class BwrapSandbox(Sandbox):
         self.deadline = time.monotonic() + spec.limits.wall_s
         self._running: set[asyncio.subprocess.Process] = set()
 
-    def _bwrap_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+    def _bwrap_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, status_fd: int) -> list[str]:
         spec = self.spec
-        a = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(UID), "--gid", str(UID),
-             "--die-with-parent", "--new-session", "--hostname", "sandbox",
+        a = ["bwrap", "--json-status-fd", str(status_fd), "--unshare-all", "--unshare-user",
+             "--uid", str(UID), "--gid", str(UID), "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
         for link, target in ROOT_LINKS.items():
             a += ["--symlink", target, link]
@@ -109,15 +109,22 @@ class BwrapSandbox(Sandbox):
         remaining = self.deadline - time.monotonic()
         timeout = remaining if timeout is None else min(timeout, remaining)
         full_env = {**self.spec.base_env(), **(env or {})}
-        cmd = self._launcher(self._bwrap_argv(argv, full_env, cwd or self.spec.workspace_dir))
+        # bwrap reports {"exit-code": N} on this fd once the command itself ran: only without it is a
+        # "bwrap: ..." exit 1 a start failure (a command printing that must not pass for infrastructure).
+        status_r, status_w = os.pipe()
+        os.set_blocking(status_r, False)
+        cmd = self._launcher(self._bwrap_argv(argv, full_env, cwd or self.spec.workspace_dir, status_w))
         t0 = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                env=LAUNCH_ENV)
+                env=LAUNCH_ENV, pass_fds=(status_w,))
         except OSError as e:
+            os.close(status_r)
             raise SandboxStartError(f"sandbox {self.id}: cannot start bwrap: {e}") from e
+        finally:
+            os.close(status_w)
         self._running.add(proc)
         reaper.record_pid(self.state, proc.pid)
         comm = asyncio.ensure_future(proc.communicate(stdin))
@@ -134,9 +141,10 @@ class BwrapSandbox(Sandbox):
             raise
         finally:
             self._running.discard(proc)
+            status = _read_all(status_r)
         rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         res = ExecResult(rc, decode(out), decode(err), timed_out, time.monotonic() - t0, self.cgroup.oom_killed())
-        if rc == 1 and res.stderr.startswith("bwrap:"):
+        if rc == 1 and res.stderr.startswith("bwrap:") and b'"exit-code"' not in status:
             raise SandboxStartError(f"sandbox {self.id}: {res.stderr.strip()}")
         return res
 
@@ -175,6 +183,19 @@ class BwrapSandbox(Sandbox):
         for proc in list(self._running):
             self._kill_tree(proc)
         await asyncio.to_thread(reaper.destroy, self.state, self.id, self.backend.mode)
+
+
+def _read_all(fd: int) -> bytes:
+    """Whatever a (non-blocking) pipe holds, then closes it."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 async def _drain(comm: asyncio.Future, timeout_s: float = 10.0) -> tuple[bytes, bytes]:
