@@ -258,6 +258,7 @@ class Runner:
                 raise _Infra(str(e)) from e
             await sbx.close()
             await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
+            meta["inputs_changed"] = await asyncio.to_thread(task.changed_inputs, workspace)
             if res is None or res.disk_exceeded or any(c.exceeded() for c in caps):
                 raise _DiskLimit(_disk_message(caps, res))
             return await self._judge(spec, task, harness, res, base, caps)

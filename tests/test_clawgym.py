@@ -94,6 +94,7 @@ def test_scripted_run_solves_a_real_task_and_doing_nothing_scores_zero(tmp_path,
     by, calls = _solve_and_idle(tmp_path, qwen3_tokenizer_dir, "bwrap")
     assert by["task_0185"].reward == 1.0  # relative paths: the harness ran in /root/.openclaw/workspace
     assert by[IDLE_TASK].reward == 0.0
+    assert by[IDLE_TASK].meta["inputs_changed"] == [] == by["task_0185"].meta["inputs_changed"]
     assert {c.rollout_id for c in calls} == {r.rollout_id for r in by.values()}
     assert by["task_0185"].meta["workspace_dir"] == WS
 

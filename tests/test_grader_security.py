@@ -129,3 +129,41 @@ def test_background_process_cannot_rewrite_the_checker_in_docker(tmp_path, qwen3
     for name in ("background", "usercustomize"):
         assert float((ws[name] / ".probe_score").read_text().split()[-1]) == 1.0
         assert results[name].reward == 0.0 and not list(ws[name].glob("PWNED_*"))
+
+
+TAMPER_0000 = """set -e
+for f in input/incidents.csv input/contacts.csv; do head -1 "$f" > /tmp/h && cat /tmp/h > "$f"; done
+mkdir -p output
+echo reminder_id,incident_id,contact_id,contact_name,role,incident_date,severity,relevance,due_by,reason,\\
+priority_score > output/reminders.csv
+echo '{"total_reminders": 0, "by_role": {}, "top_5": []}' > output/summary.json"""
+
+
+def test_input_tampering_is_recorded(tmp_path, qwen3_tokenizer_dir):
+    """A hole in the tasks, not in the grader: task_0000's shipped checker recomputes its expected answer from
+    the inputs in the workspace, so emptying them (and writing empty outputs) scores 1.0. Inputs cannot simply
+    be restored before grading (other tasks ask for edits in place), so every result names the input files
+    the agent changed (meta.inputs_changed) for the researcher to filter or penalise; read without following
+    the agent's links (here `input` itself becomes a link to /etc)."""
+    from research.models.tokenizer import load_tokenizer
+    from research.serving.replay import ReplayEngine
+
+    src = clawgym_train() / "task_0000"
+    tasks = {}
+    for name in ("tamper", "relink"):
+        d = writable_copy(src, tmp_path / "tasks" / name)
+        entry = json.loads((d / "data_entry.json").read_text())
+        entry["user_query"] += f"\n(variant: {name})"
+        (d / "data_entry.json").write_text(json.dumps(entry))
+        tasks[name] = d
+    plans = {"(variant: tamper)": ([TAMPER_0000], "Done."),
+             "(variant: relink)": (["mv input input.orig && ln -s /etc input"], "Done.")}
+    tok = load_tokenizer(qwen3_tokenizer_dir)
+    engine = ReplayEngine(per_task_policy("reference", plans, tok.decode), tok)
+    results, _ = run_rollouts(tmp_path, engine, tok, [RolloutSpec(d, "reference", 0) for d in tasks.values()],
+                              backend=get_backend("bwrap"), concurrency=2, timeout_s=120)
+    by = {r.rollout_id.split(".")[0]: r for r in results}
+    assert by["tamper"].status == "ok" and by["tamper"].reward == 1.0  # the task's hole...
+    assert by["tamper"].meta["inputs_changed"] == ["input/contacts.csv", "input/incidents.csv"]  # ...on record
+    assert by["relink"].status == "ok" and by["relink"].meta["inputs_changed"] == ["input/contacts.csv",
+                                                                                    "input/incidents.csv"]

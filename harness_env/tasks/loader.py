@@ -22,6 +22,7 @@ TaskError naming the path; the runner turns it into status `task_error` (never r
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -97,6 +98,52 @@ class Task:
                         os.chmod(q, stat.S_IMODE(st.st_mode) | (0o700 if stat.S_ISDIR(st.st_mode) else 0o600))
         except (OSError, shutil.Error) as e:
             raise TaskError(f"{self.root}: copying input_files into the workspace: {e}") from e
+
+
+    def changed_inputs(self, workspace: pathlib.Path, limit: int = 50) -> list[str]:
+        """Input files (relative paths) the agent changed, replaced or removed: an audit trail, because
+        ClawGym checkers recompute their expected answers from the inputs in the workspace (emptying the
+        input CSVs of task_0000 and writing empty outputs scores 1.0). Restoring them is no cure: some
+        tasks ask for edits in place. Call only when no agent process runs; never follows a link."""
+        out: list[str] = []
+        if not self.input_dir.is_dir():
+            return out
+        for dirpath, _, filenames in os.walk(self.input_dir):
+            for name in sorted(filenames):
+                src = os.path.join(dirpath, name)
+                if os.path.islink(src):
+                    continue
+                rel = os.path.relpath(src, self.input_dir)
+                if _digest(src) != _digest_nofollow(workspace, rel):
+                    out.append(rel)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _digest_nofollow(root: pathlib.Path, rel: str) -> str | None:
+    """sha256 of root/rel if every component is a real directory and the file a regular file, else None."""
+    parts = pathlib.PurePosixPath(rel).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    os.close(fd)
+    with os.fdopen(f, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _field(d: dict, key: str, entry: pathlib.Path) -> str:
