@@ -259,8 +259,8 @@ class Runner:
             await sbx.close()
             await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
             meta["inputs_changed"] = await asyncio.to_thread(task.changed_inputs, workspace)
-            if res is None or res.disk_exceeded or any(c.exceeded() for c in caps):
-                raise _DiskLimit(_disk_message(caps, res))
+            if res is None or res.disk_exceeded or await _over(caps):
+                raise _DiskLimit(await asyncio.to_thread(_disk_message, caps, res))
             return await self._judge(spec, task, harness, res, base, caps)
         finally:
             if sbx is not None:
@@ -278,7 +278,7 @@ class Runner:
                 done, _ = await asyncio.wait({task}, timeout=DISK_POLL_S)
                 if done:
                     return task.result()
-                if any([await asyncio.to_thread(c.exceeded) if c.mode == "watch" else c.exceeded() for c in caps]):
+                if await _over(caps):
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
@@ -328,13 +328,21 @@ class Runner:
         except RewardError as e:
             return RolloutResult(**base, status="reward_error", message=str(e))
         except (SandboxError, OSError) as e:
-            if any(c.exceeded() for c in caps):  # no room left even for reward/: the agent filled the disk
-                raise _DiskLimit(_disk_message(caps, None)) from e
+            if await _over(caps):  # no room left even for reward/: the agent filled the disk
+                raise _DiskLimit(await asyncio.to_thread(_disk_message, caps, None)) from e
             raise _Infra(f"grading: {e}") from e
         finally:
             await vsbx.close()
         base["timings"]["reward_s"] = time.monotonic() - t
         return RolloutResult(**base, status="ok", reward=reward, sub_scores=subs)
+
+
+async def _over(caps: list[disk.DiskCap]) -> bool:
+    """Any cap exceeded? (tmpfs: one statvfs, inline; watch: a tree walk, off the event loop)"""
+    for c in caps:
+        if await asyncio.to_thread(c.exceeded) if c.mode == "watch" else c.exceeded():
+            return True
+    return False
 
 
 def _disk_message(caps: list[disk.DiskCap], res) -> str:

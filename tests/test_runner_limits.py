@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import pathlib
+import subprocess
 import time
 import types
 
@@ -306,3 +307,41 @@ def test_a_command_faking_a_bwrap_failure_is_not_infrastructure(bwrap, tmp_path)
     assert res.exit_code == 1 and res.stderr.startswith("bwrap:")  # the command's own failure, returned
     with pytest.raises(SandboxStartError, match="nonexistent"):
         asyncio.run(go(mounts=[Mount("/nonexistent-hrl", "/x")]))
+
+
+def test_disk_cap_keep_and_orphan_reaping(tmp_path):
+    if disk_mod.detect_mode() != "tmpfs":
+        pytest.skip("this process may not mount a tmpfs")
+    records = tmp_path / "records"
+    disk_mod.RECORDS, saved = records, disk_mod.RECORDS
+    try:
+        cap = disk_mod.DiskCap(tmp_path / "ws", 4)
+        cap.setup()
+        assert cap.mounted and os.path.ismount(cap.path) and len(list(records.glob("*.json"))) == 1
+        (cap.path / "f.txt").write_text("x")
+        os.symlink("/etc/passwd", cap.path / "link")
+        with pytest.raises(OSError):  # the cap is a wall: ENOSPC
+            (cap.path / "big").write_bytes(b"\0" * (5 << 20))
+        assert cap.exceeded()
+        (cap.path / "big").unlink()
+        assert not cap.exceeded()
+        cap.release(keep=True)  # the contents stay, now on disk
+        assert not os.path.ismount(cap.path) and (cap.path / "f.txt").read_text() == "x"
+        assert os.readlink(cap.path / "link") == "/etc/passwd" and not list(records.glob("*.json"))
+        # A mount whose owner died (kill -9) is detached by the next start; a live one is left alone.
+        dead, live = disk_mod.DiskCap(tmp_path / "dead", 4), disk_mod.DiskCap(tmp_path / "live", 4)
+        dead.setup()
+        live.setup()
+        rec = json.loads(dead.record.read_text())
+        rec["owner"] = {"pid": 2**22 + 11, "start": 1}
+        dead.record.write_text(json.dumps(rec))
+        assert disk_mod.reap_orphans(records) == 1
+        assert not os.path.ismount(dead.path) and os.path.ismount(live.path)
+        assert disk_mod.release_stale(tmp_path, records) == 0  # a live orchestrator's mount is not stale
+        assert os.path.ismount(live.path)
+        live.release()
+    finally:
+        disk_mod.RECORDS = saved
+        for d in ("ws", "dead", "live"):
+            if os.path.ismount(tmp_path / d):
+                subprocess.run(["umount", "-l", str(tmp_path / d)])

@@ -158,11 +158,27 @@ def reap_orphans(records: pathlib.Path | None = None) -> int:
     return n
 
 
-def release_stale(root: pathlib.Path) -> int:
-    """Detaches every mount under root (a previous orchestrator's rollout dirs); returns how many."""
+def _live_paths(records: pathlib.Path) -> set[pathlib.Path]:
+    out = set()
+    for rec in sorted(records.glob("*.json")) if records.is_dir() else []:
+        try:
+            d = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            continue
+        if reaper.alive(d.get("owner", {})):
+            out.add(pathlib.Path(d.get("path", "/")).resolve())
+    return out
+
+
+def release_stale(root: pathlib.Path, records: pathlib.Path | None = None) -> int:
+    """Detaches every mount under root (a previous orchestrator's rollout dirs) that no live orchestrator
+    claims; returns how many."""
     root = pathlib.Path(root).resolve()
+    live = _live_paths(records or RECORDS)
     n = 0
     for target in sorted(_mounts_under(root), key=lambda p: -len(p.parts)):
+        if target in live:
+            continue
         if _run(["umount", str(target)]) or _run(["umount", "-l", str(target)]):
             n += 1
     return n
