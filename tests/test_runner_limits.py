@@ -4,10 +4,12 @@ special inputs with other rollouts in flight (task_error, no hang), non-finite r
 stay strict JSON), a cancelled run (no sandbox process left), and the orchestrator's environment (not readable
 from /proc/1/environ)."""
 import asyncio
+import collections
 import json
 import os
 import pathlib
 import subprocess
+import sys
 import time
 import types
 
@@ -345,3 +347,29 @@ def test_disk_cap_keep_and_orphan_reaping(tmp_path):
         for d in ("ws", "dead", "live"):
             if os.path.ismount(tmp_path / d):
                 subprocess.run(["umount", "-l", str(tmp_path / d)])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_launch_eval_with_broken_tasks_among_good_ones_finishes(bwrap, tmp_path, qwen3_tokenizer_dir):
+    """The reported crash/hang, as a user hits it: `python -m launch.eval` over a folder where some tasks have
+    wrong-typed fields and others are fine (make_file family tasks the oracle solves), rollouts in flight."""
+    from harness_env.tasks import family
+
+    tasks = tmp_path / "tasks"
+    for name, word in (("notes.txt", "apple"), ("a.txt", "river"), ("b.txt", "cloud")):
+        family.write_task(tasks, name, word)
+    for k in ("mount_int", "mount_list", "task_id_int", "metadata_str", "deep_nesting"):
+        v = BAD_ENTRIES[k]
+        _task(tasks, k, json.dumps(v) if isinstance(v, list) else v)
+    out = tmp_path / "out"
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "launch.eval", f"--tasks={tasks}", "--harness=reference", "--k=2",
+                        "--endpoint=oracle", f"--out={out}", f"--tokenizer={qwen3_tokenizer_dir}", "--concurrency=8",
+                        "--timeout_s=60"], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                       capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = [r for r in read_log(out / "results.jsonl") if isinstance(r, RolloutResult)]
+    by = collections.Counter((r.group_id.split("/")[0].split("-")[0], r.status) for r in results)
+    assert by[("make_file", "ok")] == 6 and sum(n for (t, s), n in by.items() if s == "task_error") == 10, by
+    assert all(r.reward == 1.0 for r in results if r.status == "ok")
