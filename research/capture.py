@@ -22,7 +22,7 @@ from typing import Any
 SCHEMA_VERSION = 1
 
 # Rollout statuses. Only "ok" rollouts carry a reward that may be trained on.
-ROLLOUT_STATUSES = ("ok", "timeout", "task_error", "reward_error", "harness_error", "infra_error")
+ROLLOUT_STATUSES = ("ok", "timeout", "task_error", "reward_error", "harness_error", "infra_error", "disk_limit")
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
 
 

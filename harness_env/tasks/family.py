@@ -25,6 +25,7 @@ CATEGORY = "make_file"
 
 REWARD_SH = """#!/bin/bash
 # 1.0: {name} holds exactly "{word}" (surrounding whitespace ignored); 0.3: the file exists; else 0.0.
+cd "$(dirname "$0")/.." || exit 1
 if [ -f {name} ]; then
   if [ "$(tr -d '[:space:]' < {name})" = "{word}" ]; then echo 1.0; else echo 0.3; fi
 else

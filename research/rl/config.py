@@ -96,10 +96,12 @@ class RLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TasksConfig:
-    source: str = "make_file"
+    source: str = "make_file"  # make_file | library | dir | a folder of ClawGym tasks (harness_env/tasks/select.py)
     seed: int = 0
-    train_dir: str = ""
+    train_dir: str = ""  # source "dir": the train / held-out folders as given
     eval_dir: str = ""
+    heldout_fraction: float = 0.1  # a ClawGym folder: the seeded hash split's held-out share
+    limit: int = 0  # > 0: a seeded sample of that many tasks per split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,8 @@ class RolloutConfig:
     max_turns: int = 3
     sandbox_cpus: float = 1.0
     sandbox_memory_mb: int = 1024
+    workspace_mb: int = 1024  # disk caps of the agent's workspace and HOME (status disk_limit when exceeded)
+    home_mb: int = 512
     progress: bool = False
     fsync: bool = True
     enable_thinking: bool = False

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from harness_env.runner import RolloutSpec, Runner, RunnerConfig
 from harness_env.sandbox import Limits
-from harness_env.tasks import discover, family
+from harness_env.tasks import select_tasks
 from research.capture import CaptureLog, RolloutResult
 from research.serving.api import Engine, GenerateRequest
 from research.shim.server import ShimServer
@@ -52,17 +52,16 @@ def step_key(step: int) -> str:
     return f"train{step:05d}"
 
 
-def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:
-    """The task folders of `split` ("train" | "heldout"): the make_file family or a ClawGym-format dir."""
-    if tasks.source == "make_file":
-        out = root / "tasks" / split
-        if not out.exists() or not any(out.iterdir()):
-            family.generate(out, split=split, seed=tasks.seed)
-        return sorted(p for p in out.iterdir() if p.is_dir())
+def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:  # noqa: ANN001
+    """The task folders of `split` ("train" | "heldout") through the one task selection of harness_env
+    (harness_env/tasks/select.py, also behind launch.eval). `config.tasks.source`: `make_file` (the family,
+    generated under root/tasks), `library`, `dir` (`train_dir` / `eval_dir` as given), or a folder of
+    ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash (`seed`, `heldout_fraction`);
+    `limit` > 0: a seeded sample of that many tasks per split."""
+    kw = dict(seed=tasks.seed, heldout_fraction=tasks.heldout_fraction, limit=tasks.limit or None, scratch=root)
     if tasks.source == "dir":
-        d = pathlib.Path(tasks.train_dir if split == "train" else tasks.eval_dir)
-        return discover(d)
-    raise ValueError(f"config.tasks.source={tasks.source!r}; known: make_file, dir")
+        return select_tasks(tasks.train_dir if split == "train" else tasks.eval_dir, **kw)
+    return select_tasks(tasks.source, split=split, **kw)
 
 
 def harness_weights(cfg) -> list[tuple[str, float]]:  # noqa: ANN001
@@ -141,7 +140,8 @@ class RolloutService:
         self.runner_cfg = RunnerConfig(
             out_dir=workdir / name, backend=r.backend, concurrency=r.concurrency, timeout_s=r.timeout_s,
             reward_timeout_s=r.reward_timeout_s, infra_retries=r.infra_retries, max_turns=r.max_turns,
-            limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30),
+            limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30,
+                          workspace_mb=r.workspace_mb, home_mb=r.home_mb),
             progress=r.progress)
         self.runner = Runner(self.runner_cfg, self.shim, capture_log=self.capture, backend=backend)
         self._started = False
