@@ -106,6 +106,10 @@ class RolloutResult:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
+    def success(self, threshold: float = 1.0) -> bool:
+        """THE definition of a solved rollout (pass rates, pass@k, demonstration filters all use it)."""
+        return self.status == "ok" and self.reward is not None and self.reward >= threshold
+
     def validate(self) -> None:
         if self.status not in ROLLOUT_STATUSES:
             raise CaptureError(f"rollout {self.rollout_id!r}: status {self.status!r} not in {ROLLOUT_STATUSES}")

@@ -56,7 +56,7 @@ def step_batch():
             calls, results = synthetic.make_group(rng, group_id=f"t{g}", harness="reference", sessions=3, turns=2,
                                                   vocab=cfg.model.vocab_size, prefix_len=24, p_trunc=0.0)
             rec = GroupRecord(group_id=f"t{g}", harness="reference", calls=calls, results=results)
-            items.append(to_tree(rec, vocab_size=pcfg.vocab_size, merge_generations=pcfg.merge_generations))
+            items.append(to_tree(rec, pcfg))
         batch = B.build_batch(items, pcfg, current_version=0, max_off_policy=1 << 30,
                               loss_slots_k=cfg.train.loss_slots)
         assert batch.trees and not batch.rejections

@@ -142,7 +142,7 @@ def test_bad_records_are_dropped_named_and_counted(tmp_path):
     calls[2].completion_ids = [*calls[2].completion_ids[:-1], 999]  # token id >= vocab
     calls[4].completion_ids, calls[4].logprobs = [], []  # empty completion
     results[3] = RolloutResult(rollout_id=results[3].rollout_id, group_id="g", harness=results[3].harness,
-                               status="timeout", reward=None)  # a rollout without reward
+                               status="infra_error", reward=None)  # a rollout without reward
     with CaptureLog(tmp_path / "log.jsonl", fsync=False) as log:
         for rec in [*calls, *results]:
             log.append(rec)
@@ -174,3 +174,20 @@ def test_batch_carries_trees_for_ppo_gae(shards):
     assert out["adv_pos"].sum() + out["adv_neg"].sum() == pytest.approx(total, rel=1e-5)
     assert out["ret_sum"].sum() == pytest.approx(total, rel=1e-5)
     np.testing.assert_array_equal(out["weight"], batch["weight"])
+
+
+def test_policy_failures_are_trained_with_the_failure_reward_infra_errors_dropped(tmp_path):
+    rng = np.random.default_rng(4)
+    calls, results = synthetic.make_group(rng, group_id="g", sessions=3, turns=1)
+    results[0] = dataclasses.replace(results[0], status="timeout", reward=None)
+    results[1] = dataclasses.replace(results[1], status="infra_error", reward=None)
+    with CaptureLog(tmp_path / "log.jsonl", fsync=False) as log:
+        for rec in [*calls, *results]:
+            log.append(rec)
+    seal_log(tmp_path / "log.jsonl", tmp_path / "sh", key="k")
+    (sealed,) = list(step_stream(tmp_path / "sh", dataclasses.replace(CFG, failure_reward=-0.5)))
+    (tree,) = [it.tree for it in sealed.items]
+    rewards = {c.rollout_id: c.reward for c in tree.calls}
+    assert rewards[results[0].rollout_id] == -0.5  # the timed-out rollout is trained on, with the failure reward
+    assert results[1].rollout_id not in rewards  # an infrastructure error says nothing about the policy
+    assert any(results[1].rollout_id in m and "no reward" in m for m in sealed.items[0].rejections)

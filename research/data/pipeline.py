@@ -44,6 +44,10 @@ class PipelineConfig:
     merge_generations: bool = True
     seed: int = 0
     filter_groups: bool = False  # drop groups whose rollouts all got the same reward (no GRPO signal)
+    # Rollouts that ended by the policy's own doing are trained on with `failure_reward` instead of being
+    # dropped: dropping them would hide the failure from the advantages (RL could never learn to avoid it).
+    scored_failures: tuple[str, ...] = ("timeout", "disk_limit")
+    failure_reward: float = 0.0
 
 
 @dataclasses.dataclass
@@ -64,8 +68,10 @@ class TreeItem:
         return min(vs) if vs else None
 
 
-def clean_group(rec: GroupRecord, vocab_size: int):
-    """(calls, results, rejections): drops exactly the bad calls/rollouts, naming each."""
+def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str, ...] = (),
+                failure_reward: float = 0.0):
+    """(calls, results, rejections): drops exactly the bad calls/rollouts, naming each. Results whose status
+    is in `scored_failures` count as rewarded with `failure_reward` (their calls are trained on)."""
     rejections, results = [], []
     for r in rec.results:
         try:
@@ -75,6 +81,8 @@ def clean_group(rec: GroupRecord, vocab_size: int):
             continue
         if r.status == "ok":
             results.append(r)
+        elif r.status in scored_failures:
+            results.append(dataclasses.replace(r, reward=failure_reward))
     rewarded = {r.rollout_id for r in results}
     calls = []
     for c in rec.calls:
@@ -92,8 +100,10 @@ def clean_group(rec: GroupRecord, vocab_size: int):
     return calls, results, rejections
 
 
-def to_tree(rec: GroupRecord, *, vocab_size: int, merge_generations: bool) -> TreeItem:
-    calls, results, rejections = clean_group(rec, vocab_size)
+def to_tree(rec: GroupRecord, cfg: PipelineConfig) -> TreeItem:
+    calls, results, rejections = clean_group(rec, cfg.vocab_size, scored_failures=cfg.scored_failures,
+                                             failure_reward=cfg.failure_reward)
+    merge_generations = cfg.merge_generations
     tree = build_tree(calls, results, merge_generations=merge_generations) if calls else None
     return TreeItem(tree, rejections, rec)
 
@@ -117,8 +127,7 @@ class _SealedBatchIterator(grain.DatasetIterator):
             raise StopIteration
         key, paths = batches[self._next]
         src = ShardSource(paths) if paths else []
-        items = [to_tree(src[i], vocab_size=self._cfg.vocab_size, merge_generations=self._cfg.merge_generations)
-                 for i in range(len(src))]
+        items = [to_tree(src[i], self._cfg) for i in range(len(src))]
         self._next += 1
         return SealedBatch(key, items)
 
@@ -170,5 +179,5 @@ def demo_stream(paths: list[str], cfg: PipelineConfig, *, groups_per_step: int,
     src = ShardSource(paths)
     good = [i for i in range(len(src)) if keep(src[i])]
     ds = grain.MapDataset.source(_Subset(src, good)).shuffle(seed=cfg.seed).repeat(None)  # reshuffled per epoch
-    ds = ds.map(lambda rec: to_tree(rec, vocab_size=cfg.vocab_size, merge_generations=cfg.merge_generations))
+    ds = ds.map(lambda rec: to_tree(rec, cfg))
     return iter(ds.to_iter_dataset().batch(groups_per_step, batch_fn=list)), len(good), len(src)

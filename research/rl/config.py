@@ -91,6 +91,9 @@ class RLConfig:
     lam: float = 1.0
     ref_checkpoint: str = ""  # KL reference: "" = the policy as RL starts, else an HF dir
     filter_groups: bool = False  # drop groups whose rollouts all got the same reward (DAPO dynamic sampling)
+    # rollouts ending with these statuses (the policy's doing) are trained on with `failure_reward`
+    scored_failures: tuple[str, ...] = ("timeout", "disk_limit")
+    failure_reward: float = 0.0
     recompute_old_logp: bool = False  # pi_old from a trainer forward (bf16 / SGLang mismatch) instead of behaviour
 
 
@@ -256,7 +259,8 @@ class RunConfig:
         return PipelineConfig(row_len=t.row_len, num_rows=t.batch_rows, groups_per_batch=self.rollout.groups_per_step,
                               vocab_size=self.model.vocab_size, estimator=self.rl.estimator,
                               aggregation=self.rl.aggregation, merge_generations=merge, seed=self.seed,
-                              filter_groups=self.rl.filter_groups and self.algo != "ppo")
+                              filter_groups=self.rl.filter_groups and self.algo != "ppo",
+                              scored_failures=self.rl.scored_failures, failure_reward=self.rl.failure_reward)
 
     def objective(self):
         from research.rl.objective import Objective
@@ -357,6 +361,10 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
     _one_of(r.is_correction, ("none", "tis", "mis"), "config.rl.is_correction")
     _one_of(run.sync.kind, ("jax", "sglang"), "config.sync.kind")
     _one_of(ro.mode, ("sync", "async"), "config.rollout.mode")
+    from research.capture import ROLLOUT_STATUSES
+
+    bad = [s for s in r.scored_failures if s not in ROLLOUT_STATUSES or s == "ok"]
+    _check(not bad, f"config.rl.scored_failures: {bad} are not failure statuses; known: {ROLLOUT_STATUSES[1:]}")
     _check(0 <= r.clip_low < 1 and r.clip_high >= 0, f"config.rl.clip_low/clip_high={r.clip_low}/{r.clip_high}")
     _check(r.kl_coef >= 0 and r.entropy_coef >= 0 and r.value_clip >= 0, "config.rl: kl_coef, entropy_coef and "
            "value_clip must be >= 0")

@@ -26,7 +26,7 @@ def rollout_metrics(results: list[RolloutResult], prefix: str = "rollout") -> di
             continue
         rewards = [r.reward if r.reward is not None else 0.0 for r in rs]
         out[f"{prefix}/{name}/reward"] = statistics.fmean(rewards)
-        out[f"{prefix}/{name}/pass_rate"] = statistics.fmean([float(r.status == "ok" and r.reward >= 1.0) for r in rs])
+        out[f"{prefix}/{name}/pass_rate"] = statistics.fmean([float(r.success()) for r in rs])
         out[f"{prefix}/{name}/count"] = float(len(rs))
     for status, n in collections.Counter(r.status for r in results).items():
         out[f"{prefix}/status/{status}"] = float(n)

@@ -41,8 +41,7 @@ async def capture_demonstrations(loop) -> list[str]:  # noqa: ANN001
 
 def keep_demo(min_reward: float):
     def keep(rec: GroupRecord) -> bool:
-        return bool(rec.results) and all(r.status == "ok" and r.reward is not None and r.reward >= min_reward
-                                         for r in rec.results)
+        return bool(rec.results) and all(r.success(min_reward) for r in rec.results)
 
     return keep
 
