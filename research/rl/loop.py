@@ -50,7 +50,7 @@ def train(config, workdir: str | os.PathLike) -> dict:  # noqa: ANN001
         kw = {k: v for k, v in (("coordinator_address", d.coordinator_address), ("num_processes", d.num_processes),
                                 ("process_id", d.process_id)) if v not in ("", 0, -1)}
         jax.distributed.initialize(**kw)  # empty fields: auto-detected (TPU pods, SLURM, ...)
-    return asyncio.run(Loop(run, workdir).run())
+    return asyncio.run(Loop(run, workdir).run_loop())
 
 
 def results_of(path: pathlib.Path, ids: set[str]) -> list[RolloutResult]:
@@ -80,7 +80,7 @@ class Loop:
         self.engine = None
 
     # ------------------------------------------------------------------ setup
-    async def run_all(self) -> None:
+    async def _phases(self) -> None:
         if self.state.version == 0 and self.run.eval.at_start:
             await self.evaluate()
         if self.run.sft.steps > 0 and self.state.sft_step < self.run.sft.steps:
@@ -89,7 +89,7 @@ class Loop:
             await (self.rl_async() if self.run.rollout.mode == "async" else self.rl_sync())
         self.state.finish(self.learner.state)
 
-    async def run(self) -> dict:
+    async def run_loop(self) -> dict:
         from research.serving.factory import policy_engine
 
         self.engine = policy_engine(self.run, self.learner.params_copy(), weight_version=self.state.version)
@@ -101,7 +101,7 @@ class Loop:
         self.eval_tasks = R.task_dirs(self.run.tasks, self.workdir, "heldout")
         t0 = time.monotonic()
         try:
-            await self.run_all()
+            await self._phases()
         finally:
             await self.train_rollouts.close()
             await self.eval_rollouts.close()
