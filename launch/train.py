@@ -1,4 +1,4 @@
-"""Train a policy through real agent harnesses (the RL loop of research/rl/loop.py).
+"""Train a policy through real agent harnesses (the RL loop of harness_env/rl/loop.py).
 
     python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/demo [--config.algo=ppo ...]
 
@@ -18,7 +18,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, log
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
 
     summary = train(_CONFIG.value, _WORKDIR.value)
     print("SUMMARY " + json.dumps(summary))

@@ -43,7 +43,7 @@ def test_all_2000_real_tasks_load_with_their_workspace_path():
 
 def test_seeded_split_and_sample_are_one_selection_for_eval_and_the_rl_loop(tmp_path):
     from harness_env.eval.run import task_dirs as eval_task_dirs
-    from research.rl.rollouts import task_dirs as loop_task_dirs
+    from harness_env.rl.rollouts import task_dirs as loop_task_dirs
 
     root = str(clawgym_train())
     train, held = select_tasks(root, split="train"), select_tasks(root, split="heldout")
@@ -114,11 +114,11 @@ def test_tiny_jax_policy_on_ten_real_tasks_through_launch_eval_library(tmp_path,
     import jax
 
     from harness_env.eval.run import evaluate, task_dirs
+    from harness_env.rl.rollouts import CappedEngine
     from harness_env.runner import RunnerConfig
     from harness_env.sandbox import Limits
     from research.models import init_params, tiny_dense
     from research.models.tokenizer import load_tokenizer
-    from research.rl.rollouts import CappedEngine
     from research.serving.jax_engine import EngineConfig, JaxEngine
     from research.serving.qwen3_runner import Qwen3Runner
 

@@ -6,7 +6,7 @@ in a target set (optimum 1.0, random ~0.125). GRPO and PPO must lift it from <= 
 budget, the negated-reward control must drive it down, and the trainer's log-probs must equal the engine's
 at the trained tokens (<= 1e-5, fp32) at T = 1 and T = 0.7.
 
-Multi-turn: the whole loop (`research.rl.loop.train`) through the shim, bwrap and the reference agent in
+Multi-turn: the whole loop (`harness_env.rl.loop.train`) through the shim, bwrap and the reference agent in
 chat mode (2 answers per rollout: every rollout is a 2-call path of the prefix tree), SFT-warm-started on
 demonstrations that name one of 8 words at random, then GRPO with a checker rewarding one word.
 """
@@ -96,9 +96,9 @@ def word_expert(prompt_text: str) -> str:
 @pytest.mark.timeout(900)
 def test_multi_turn_grpo_through_the_harness_lifts_the_reward(tmp_path):
     from configs import demo_cpu
+    from harness_env.rl import experts as demos
+    from harness_env.rl.loop import train
     from harness_env.sandbox import get_backend
-    from research.rl import demos
-    from research.rl.loop import train
     from research.rl.metrics import read_metrics
 
     ok, why = get_backend("bwrap").available()

@@ -62,7 +62,7 @@ def _records(workdir: pathlib.Path, kind: str):
 
 @pytest.mark.timeout(600)
 def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
 
     cfg = _config(tmp_path, parity_tasks, **{"rollout.harnesses": "reference:1,reference_b:1"})
     wd = tmp_path / "run"
@@ -98,7 +98,7 @@ def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
 @pytest.mark.timeout(600)
 def test_sft_warm_start_then_ppo(tmp_path, parity_tasks):
     """SFT on demonstrations captured through the harness by the expert engine, then 3 PPO steps (value head)."""
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
 
     cfg = _config(tmp_path, parity_tasks, algo="ppo")
     cfg.tasks.update(source="make_file")  # the expert knows the make_file family
@@ -134,7 +134,7 @@ def test_sft_warm_start_then_ppo(tmp_path, parity_tasks):
 
 @pytest.mark.timeout(600)
 def test_async_never_trains_beyond_staleness_bound(tmp_path, parity_tasks):
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
 
     bound = 0
     cfg = _config(tmp_path, parity_tasks, **{"rollout.mode": "async", "rollout.max_off_policy_steps": bound,

@@ -103,8 +103,8 @@ def test_saved_reference_is_restored_not_resnapshotted(tmp_path, step_batch):
 def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path, parity_tasks):
     """One GRPO step, stop, then the same run resumed to step 2: kl_ref is ~0 at the first step only (a
     re-snapshot on resume would make it ~0 again at step 2) and the reference on disk is the initial policy."""
+    from harness_env.rl.loop import train
     from harness_env.sandbox import get_backend
-    from research.rl.loop import train
 
     if not get_backend("bwrap").available()[0]:
         pytest.skip("bwrap unavailable")

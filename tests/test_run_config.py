@@ -78,7 +78,7 @@ def test_real_scale_configs_are_consistent():
 
 
 def test_unknown_harness_is_named_before_any_sandbox_starts(tmp_path):
-    from research.rl.rollouts import harness_weights
+    from harness_env.rl.rollouts import harness_weights
 
     cfg = _cfg()
     cfg.rollout.harnesses = "reference_bash:1,claude_cod:1"

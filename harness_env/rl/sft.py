@@ -2,7 +2,7 @@
 
 Why captured through the harness (not rendered by hand): the policy must learn the exact token sequences
 the shim will show it at rollout time (the harness's system prompt and tool schemas rendered by the chat
-template, tool results, the empty think block). A scripted expert engine (research/rl/demos.py) answers
+template, tool results, the empty think block). A scripted expert engine (harness_env/rl/experts.py) answers
 the harness inside the same sandboxes, through the same shim and runner; its capture log is sealed into
 `WORKDIR/demos/shards`, and a grain iterator (research/data/pipeline.demo_stream: shuffled per epoch,
 seeded, its state checkpointed with the TrainState) feeds `config.sft.groups_per_step` groups per step.
@@ -14,11 +14,11 @@ import asyncio
 import logging
 import time
 
+from harness_env.rl import rollouts as R
+from harness_env.rl.experts import expert_engine
 from research.data.pipeline import demo_stream
 from research.data.shards import GroupRecord, seal_log, shard_paths
 from research.rl import batches as B
-from research.rl import rollouts as R
-from research.rl.demos import expert_engine
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Bench `loop`: time split of RL steps of the demo config and end-to-end throughput.
 
-    python -m launch.bench --suite=loop [--opt steps=4 --opt groups_per_step=4 --opt group_size=4]
+    python -m launch.bench --suite=rl_loop [--opt steps=4 --opt groups_per_step=4 --opt group_size=4]
 
 Runs `steps` synchronous tree-GRPO steps of configs/demo_cpu.py (tiny policy with the real Qwen3
 tokenizer, JAX engine, shim, bwrap, reference harness, make_file tasks; no SFT, no eval) in a fresh
@@ -30,7 +30,7 @@ def _time(fn, reps: int) -> float:
 
 def run(steps: int = 4, groups_per_step: int = 4, group_size: int = 4, reps: int = 2, keep: bool = False) -> dict:
     from configs import demo_cpu
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
     from research.rl.metrics import read_metrics
 
     cfg = demo_cpu.get_config()

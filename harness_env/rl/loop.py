@@ -1,7 +1,7 @@
 """The black-box RL loop: rollouts through real harnesses -> trees -> tree GRPO/PPO -> weights -> repeat.
 
 `train(config, workdir)` is the one library function behind `python -m launch.train`. Phases:
-  1. (optional) SFT warm start (research/rl/sft.py);
+  1. (optional) SFT warm start (harness_env/rl/sft.py);
   2. RL: per step, the rollouts of the step's plan (sync) or of the next finished rollout round (async,
      bounded staleness) -> one keyed seal -> the grain stream's next batch -> the RL update -> weights to
      the engine. With `rl.filter_groups` and `rollout.max_extra_rounds`, a step whose groups carry too
@@ -22,15 +22,15 @@ import os
 import pathlib
 import time
 
+from harness_env.rl import rollouts as R
+from harness_env.rl.sft import sft_phase
 from research.capture import RolloutResult, read_log
 from research.data.pipeline import step_stream
 from research.data.shards import seal_log
 from research.rl import batches as B
-from research.rl import rollouts as R
 from research.rl.config import RunConfig
 from research.rl.metrics import MetricsWriter, plot_rewards, rollout_metrics
 from research.rl.run_state import RunState
-from research.rl.sft import sft_phase
 from research.rl.sync import get_sync
 from research.rl.trainer import Learner
 
