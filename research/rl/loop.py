@@ -43,10 +43,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     if config.get("distributed") and config.distributed.enabled:
-        import jax
+        from research.train import distributed
 
-        kw = {k: v for k, v in config.distributed.to_dict().items() if k != "enabled" and v not in ("", 0, -1, None)}
-        jax.distributed.initialize(**kw)  # empty fields: auto-detected (TPU pods, SLURM, ...)
+        distributed.initialize(config.distributed)  # config, then env, then JAX's auto-detection (TPU pods, SLURM)
     return asyncio.run(Loop(config, workdir).run())
 
 
