@@ -64,14 +64,18 @@ def test_pallas_forward_equals_jnp_forward_with_lse():
     for form in ap.FORMS:
         got = ap.flash_fwd_pallas(qT, kT, vT, bl, 3, form=form)
         chex.assert_trees_all_close(got, ref, atol=1e-5)
+    # the gpu form's row/column tiles smaller than the 16-token blocks: 2 x 2 tiles per block pair
+    chex.assert_trees_all_close(ap.flash_fwd_pallas(qT, kT, vT, bl, 3, form="gpu", gpu_tile=8), ref, atol=1e-5)
+    with pytest.raises(ValueError, match="not multiples of the tile 12"):
+        ap.flash_fwd_pallas(qT, kT, vT, bl, 3, form="gpu", gpu_tile=12)
     with pytest.raises(ValueError, match="pallas form 'cuda' not in"):
         ap.flash_fwd_pallas(qT, kT, vT, bl, 3, form="cuda")
 
 
 @pytest.mark.parametrize("platform,marker", [("cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
 def test_kernels_lower_for_the_real_targets(platform, marker):
-    """Compiled (not interpreted) lowering at Qwen3-30B-A3B's head shapes, bf16: the Pallas -> Triton / Mosaic
-    lowering checks block shapes and ops without the hardware."""
+    """Compiled (not interpreted) lowering at Qwen3-30B-A3B's head shapes and attend's 256-token blocks, bf16:
+    the Pallas -> Triton / Mosaic lowering checks block shapes and ops without the hardware."""
     text = ap.lower_for(platform)
     assert marker in text and "interpret" not in text.lower()
 

@@ -3,9 +3,10 @@
 The algorithm of ``attention_ops._flash_fwd_impl`` (online softmax over the visible key blocks of each query
 block, unmasked blocks first), in the two shapes the accelerators want, selected by ``form``:
 
-- ``"gpu"`` (Triton): one program per (query block, kv head, query head of it) that loops over the query
-  block's compacted key-block list (``kidx``, ``n_full``, ``count`` from ``attention_ops._block_lists``) and
-  loads each visible [bk, D] key/value tile straight from HBM: block-sparse FlashAttention with [bq, D] tiles.
+- ``"gpu"`` (Triton): one program per (query block, kv head, query head x row tile) that loops over the
+  query block's compacted key-block list (``kidx``, ``n_full``, ``count`` from ``attention_ops._block_lists``)
+  and loads each visible key block straight from HBM in [64, D] tiles: block-sparse FlashAttention with the
+  usual 64-row working set, whatever the (256-token) blocks of the lists.
 - ``"tpu"`` (Mosaic): splash attention's layout. The grid is (query block, kv head, list position); the
   lists are scalar-prefetch operands (``PrefetchScalarGridSpec``) read by the key/value ``index_map``, so
   the pipeline DMAs exactly the visible key blocks into VMEM; positions past a block's ``count`` repeat the
@@ -61,44 +62,61 @@ def _finish(m, l, acc):
 
 
 # ---------------------------------------------------------------------------------------------- gpu form
+GPU_TILE = 64  # rows of q and columns of k per dot in the gpu form: FlashAttention-2's tile on A100/H100
+
+
 def _gpu_kernel(kidx_ref, nfull_ref, count_ref, q_ref, segq_ref, idxq_ref, k_ref, v_ref, segk_ref, idxk_ref, endk_ref,
-                o_ref, lse_ref):
+                o_ref, lse_ref, *, tile_k: int):
     i, h = pl.program_id(0), pl.program_id(1)
-    q = q_ref[0, 0]  # [bq, D]: one query head's rows of this query block
-    segq, idxq = segq_ref[0], idxq_ref[0]  # [bq, 1]
+    q = q_ref[0, 0]  # [tile_q, D]: a tile of one query head's rows of this query block
+    segq, idxq = segq_ref[0], idxq_ref[0]  # [tile_q, 1]
+    bk = k_ref.shape[2]
 
     def step(t, carry, masked: bool):
         kj = kidx_ref[i, t]
-        k, v = k_ref[kj, h], v_ref[kj, h]  # [bk, D] tiles loaded from HBM
-        mask = _mask(segq, idxq, segk_ref[kj], idxk_ref[kj], endk_ref[kj]) if masked else None
-        return _online_step(q, k, v, mask, *carry)
+        for c in range(bk // tile_k):  # the key block in [tile_k, D] tiles loaded from HBM
+            cols = pl.ds(c * tile_k, tile_k)
+            k, v = k_ref[kj, h, cols], v_ref[kj, h, cols]
+            mask = None
+            if masked:
+                mask = _mask(segq, idxq, segk_ref[kj, :, cols], idxk_ref[kj, :, cols], endk_ref[kj, :, cols])
+            carry = _online_step(q, k, v, mask, *carry)
+        return carry
 
-    bq, D = q.shape
-    init = (jnp.full((bq, 1), _NEG, jnp.float32), jnp.zeros((bq, 1), jnp.float32), jnp.zeros((bq, D), jnp.float32))
+    rows, D = q.shape
+    init = (jnp.full((rows, 1), _NEG, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
+            jnp.zeros((rows, D), jnp.float32))
     carry = jax.lax.fori_loop(0, nfull_ref[i], functools.partial(step, masked=False), init)
     out, lse = _finish(*jax.lax.fori_loop(nfull_ref[i], count_ref[i], functools.partial(step, masked=True), carry))
     o_ref[0, 0] = out.astype(o_ref.dtype)
     lse_ref[0, 0] = lse
 
 
-def _gpu_call(ops, NQ, K, GQ, D, dtype, interpret):
-    """Grid (query block, kv head, query head of that kv head): a program holds [bq, D] of q and a [bq, D]
-    fp32 accumulator, the usual FlashAttention tile (G*bq rows would not fit a GPU's registers)."""
+def _gpu_call(ops, NQ, K, GQ, D, dtype, interpret, tile: int):
+    """Grid (query block, kv head, query head x row tile): a program holds a [tile, D] slice of q and a
+    [tile, D] fp32 accumulator and walks the query block's key-block list in [tile, D] key tiles: the usual
+    FlashAttention working set, whatever the block sizes of the lists (G*bq rows would not fit a GPU's
+    registers). Tiles shrink to the block sizes when those are smaller."""
     kidx, nfull, count, qT, segq, idxq, kT, vT, segk, idxk, endk = ops
-    bq = segq.shape[1]
-    whole = lambda x: pl.BlockSpec(x.shape, lambda i, h, g, n=x.ndim: (0,) * n)
-    rows = pl.BlockSpec((1, 1, bq, D), lambda i, h, g: (i, h, g, 0))
-    col = pl.BlockSpec((1, bq, 1), lambda i, h, g: (i, 0, 0))
+    bq, bk = segq.shape[1], kT.shape[2]
+    tq, tk = min(tile, bq), min(tile, bk)
+    if bq % tq or bk % tk:
+        raise ValueError(f"gpu form: blocks ({bq}, {bk}) are not multiples of the tile {tile}")
+    nt = bq // tq
+    whole = lambda x: pl.BlockSpec(x.shape, lambda i, h, r, n=x.ndim: (0,) * n)
+    rows = pl.BlockSpec((1, 1, tq, D), lambda i, h, r: (i, h, r, 0))  # r = query head * nt + row tile
+    col = pl.BlockSpec((1, tq, 1), lambda i, h, r: (i, r % nt, 0))
     in_specs = [whole(kidx), whole(nfull), whole(count), rows, col, col, whole(kT), whole(vT), whole(segk),
                 whole(idxk), whole(endk)]
-    out_specs = [rows, pl.BlockSpec((1, 1, bq, 1), lambda i, h, g: (i, h, g, 0))]
+    out_specs = [rows, pl.BlockSpec((1, 1, tq, 1), lambda i, h, r: (i, h, r, 0))]
     kw = {}
     if not interpret:
         from jax.experimental.pallas import triton as pl_triton
 
         kw["compiler_params"] = pl_triton.CompilerParams(num_warps=4, num_stages=2)
-    return pl.pallas_call(_gpu_kernel, grid=(NQ, K, GQ // bq), in_specs=in_specs, out_specs=out_specs,
-                          out_shape=_out_shape(NQ, K, GQ, D, dtype), interpret=interpret, **kw)(*ops)
+    return pl.pallas_call(functools.partial(_gpu_kernel, tile_k=tk), grid=(NQ, K, GQ // tq), in_specs=in_specs,
+                          out_specs=out_specs, out_shape=_out_shape(NQ, K, GQ, D, dtype), interpret=interpret,
+                          **kw)(*ops)
 
 
 # ---------------------------------------------------------------------------------------------- tpu form
@@ -164,10 +182,12 @@ def default_form() -> str:
     return "tpu" if jax.default_backend() == "tpu" else "gpu"
 
 
-def flash_fwd_pallas(qT, kT, vT, bl, groups: int, *, form: str | None = None, interpret: bool | None = None):
+def flash_fwd_pallas(qT, kT, vT, bl, groups: int, *, form: str | None = None, interpret: bool | None = None,
+                     gpu_tile: int = GPU_TILE):
     """(out [NQ, K, G*bq, D], lse [NQ, K, G*bq]) like ``attention_ops._flash_fwd_impl``.
 
-    ``form``: "gpu" | "tpu" (default: the backend's); ``interpret`` defaults to True on CPU.
+    ``form``: "gpu" | "tpu" (default: the backend's); ``interpret`` defaults to True on CPU; ``gpu_tile``:
+    the gpu form's q-row / k-column tile.
     """
     form = form or default_form()
     if form not in FORMS:
@@ -180,17 +200,19 @@ def flash_fwd_pallas(qT, kT, vT, bl, groups: int, *, form: str | None = None, in
     row = lambda x: x[:, None, :]
     ops = (bl.kidx, bl.n_full, bl.count, qT, col(bl.seg_q), col(bl.idx_q), kT, vT, row(bl.seg_k), row(bl.idx_k),
            row(bl.end_k))
-    call = _tpu_call if form == "tpu" else _gpu_call
-    out, lse = call(ops, NQ, K, GQ, D, qT.dtype, interpret)
+    if form == "tpu":
+        out, lse = _tpu_call(ops, NQ, K, GQ, D, qT.dtype, interpret)
+    else:
+        out, lse = _gpu_call(ops, NQ, K, GQ, D, qT.dtype, interpret, gpu_tile)
     return out, lse[..., 0]
 
 
-def lower_for(platform: str, *, B: int = 1, T: int = 512, H: int = 32, K: int = 4, D: int = 128, block: int = 128,
+def lower_for(platform: str, *, B: int = 1, T: int = 1024, H: int = 32, K: int = 4, D: int = 128, block: int = 256,
               dtype=jnp.bfloat16) -> str:
     """Lowers the compiled (not interpreted) forward kernel for ``platform`` ("cuda": Triton, "tpu": Mosaic) on
-    this machine via ``jax.export``, returning the StableHLO text (default shapes: Qwen3-30B-A3B's heads). Why:
-    no GPU/TPU is needed to find a block shape, layout or op the Pallas lowering rejects; only the target's
-    final compilation (Triton -> PTX, Mosaic -> TPU) and running it need one."""
+    this machine via ``jax.export``, returning the StableHLO text (defaults: Qwen3-30B-A3B's heads, attend's
+    256-token blocks). Why: no GPU/TPU is needed to find a block shape, layout or op the Pallas lowering
+    rejects; only the target's final compilation (Triton -> PTX, Mosaic -> TPU) and running it need one."""
     from jax import export
 
     from research.models import attention_ops as ao
