@@ -73,7 +73,7 @@ def initialize(fields: Mapping[str, Any] | None = None, environ: Mapping[str, st
     args = resolve(fields, environ)
     if args.num_processes == 1:
         return args
-    if jax.config.jax_platforms in ("cpu",) or os.environ.get("JAX_PLATFORMS") == "cpu":
+    if "cpu" in (jax.config.jax_platforms, os.environ.get("JAX_PLATFORMS")):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
                                process_id=args.process_id, initialization_timeout=args.initialization_timeout)
