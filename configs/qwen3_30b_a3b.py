@@ -3,8 +3,8 @@
 The dims are written here (not read from a file) so the config is self-contained; tests cross-check
 them against `../shared/qwen3/config.json` (the HF config of Qwen/Qwen3-30B-A3B).
 
-Targets (`arg`), both validated by AOT-compiling the train step on fake CPU devices
-(tests/test_train_aot.py; measured per-device numbers in brackets):
+Targets (`arg`), both validated by AOT-compiling the train steps on fake CPU devices against the
+target's device memory (`config.device`; tests/test_train_aot.py; measured per-device numbers in brackets):
 
   gpu  one 8x H200 host (141 GB each): mesh (data=1, fsdp=1, expert=8, tensor=1). Experts (95% of the
        params) are split 8 ways by expert parallelism (16 experts per GPU, tokens exchanged inside the
@@ -18,10 +18,11 @@ Targets (`arg`), both validated by AOT-compiling the train step on fake CPU devi
 
 fp32 master weights and Adam moments (12 bytes/param; 16 with fp32 grads: 488 GB for 30.5B before
 activations), bf16 compute, full remat per layer, chunked fused-head log-probs. XLA's compiled
-`memory_analysis()` per device (args/temps/peak + the largest arrays) is printed by:
+`memory_analysis()` per device (args/temps/peak + the largest arrays) is printed by (this file: the SFT
+step on tree rows; the RL configs' tree-GRPO/PPO and SFT steps: configs/qwen3_30b_a3b_{gpu,tpu}.py):
 
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu --fake_devices=8
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu --fake_devices=16
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu --step=sft --fake_devices=8
+  python -m research.train.aot --config=configs/qwen3_30b_a3b_tpu.py --step=grpo,ppo,sft --kl --replay --fake_devices=16
 
 On XLA:CPU the temps are dominated by CPU lowerings of the grouped expert matmul (ragged_dot becomes
 per-expert dense [experts, assignments, D] arrays), so only the state numbers transfer to GPU/TPU.
@@ -60,6 +61,8 @@ _MESHES = {
 }
 _ROWS = {"gpu": 8, "tpu": 16}
 CONTEXT = 32768  # the RL configs' serving context = packed row length
+# Per-device memory of each target (vendor figures, decimal GB): what research/train/aot.py checks a step against.
+_DEVICES = {"gpu": dict(kind="H200", memory_gb=141.0), "tpu": dict(kind="TPU v5p", memory_gb=95.0)}
 
 
 def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
@@ -82,12 +85,14 @@ def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
         )
     )
     config.mesh = ml_collections.ConfigDict(_MESHES[arg])
+    config.device = ml_collections.ConfigDict(_DEVICES[arg])
     config.optim = default_optim_config()
     # ~ the RL settings of ClawGym / DAPO-style runs: small constant lr after a short warmup, clip 1.0.
     config.optim.update(learning_rate=1e-6, schedule="constant", warmup_steps=10, total_steps=400,
                         weight_decay=0.01, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(
-        dict(batch_rows=_ROWS[arg], row_len=8192, num_microbatches=1, logprob_chunk=2048, steps=400)
+        dict(batch_rows=_ROWS[arg], row_len=8192, num_microbatches=1, logprob_chunk=2048, steps=400,
+             batch_axes=("data", "fsdp", "expert"))
     )
     config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
     return config
@@ -100,7 +105,7 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
 
     base = get_config(target)
     config = demo_cpu.get_config()
-    for key in ("model", "mesh", "optim"):
+    for key in ("model", "mesh", "device", "optim"):
         config[key] = base[key]
     config.name = f"qwen3_30b_a3b_rl_{target}"
     config.init_checkpoint = ""  # HF checkpoint dir of Qwen/Qwen3-30B-A3B (required)

@@ -16,6 +16,7 @@ generations, the checkpoint steps and the metrics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -44,12 +45,10 @@ def train(config, workdir: str | os.PathLike) -> dict:  # noqa: ANN001
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2, default=str))
     if run.distributed.enabled:
-        import jax
+        from research.train import distributed
 
-        d = run.distributed
-        kw = {k: v for k, v in (("coordinator_address", d.coordinator_address), ("num_processes", d.num_processes),
-                                ("process_id", d.process_id)) if v not in ("", 0, -1)}
-        jax.distributed.initialize(**kw)  # empty fields: auto-detected (TPU pods, SLURM, ...)
+        # config, then env, then JAX's auto-detection (TPU pods, SLURM); process id 0 is an id, not "unset"
+        distributed.initialize(dataclasses.asdict(run.distributed))
     return asyncio.run(Loop(run, workdir).run_loop())
 
 

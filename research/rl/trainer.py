@@ -71,6 +71,15 @@ def make_steps(run: RunConfig, init: StateInit, mesh, state_shardings) -> dict[s
             "sft": make_train_step(loss_fn=make_sft_loss_fn(run.model, obj), optimizer=init.optimizer, **kw)}
 
 
+def _global_sum(x: float) -> float:
+    """x summed over processes (one process: x)."""
+    if jax.process_count() == 1:
+        return x
+    from jax.experimental import multihost_utils
+
+    return float(np.sum(multihost_utils.process_allgather(np.asarray(x, np.float64))))
+
+
 class Learner:
     def __init__(self, config):
         self.run = run = RunConfig.of(config, num_devices=jax.device_count())
@@ -195,15 +204,16 @@ class Learner:
             self.state, metrics = self._steps["sft"](self.state, batch.device)
             return {k: float(v) for k, v in jax.device_get(metrics).items()}
         dev = self.prepare(batch)
-        signal = diagnostics.signal(dev, batch.trees)
-        if self.run.train.skip_empty and self.run.algo != "ppo" and signal["adv_tokens"] == 0:
-            return {**signal, "skipped": 1.0}
+        multi = jax.process_count() > 1  # rows span processes: host statistics come from this process's rows
+        signal = diagnostics.signal(batch.packed if multi else dev, batch.trees)
+        if self.run.train.skip_empty and self.run.algo != "ppo" and _global_sum(signal["adv_tokens"]) == 0:
+            return {**signal, "skipped": 1.0}  # (every process agrees: the sum is global)
         old_logp = dev.get("old_logp", dev["behav_logp"])
         runs = [jax.device_get(m) for m in self._update(dev)]
         metrics = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
         metrics.update(signal, skipped=0.0, optimizer_steps=float(len(runs)),
                        clip_frac_last=float(runs[-1]["clip_frac"]))
-        if self.run.train.diagnostics:
+        if self.run.train.diagnostics and not multi:
             new = self.slot_eval(self.state.params, dev)
             metrics.update(diagnostics.update_effect(dev, old_logp=old_logp, new_logp=new["logp"]))
         return metrics
