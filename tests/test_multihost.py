@@ -13,8 +13,9 @@ import pytest
 from jax.sharding import Mesh
 
 from research.data import per_process
-from research.data.pipeline import PipelineConfig, pack_items, to_tree
+from research.data.pipeline import PipelineConfig, to_tree
 from research.data.shards import GroupRecord
+from research.rl.batches import pack
 from research.train import checkpoint as ckpt_lib
 from research.train import distributed
 from research.trees import synthetic
@@ -52,11 +53,11 @@ def _packed(rows: int, seed: int = 0) -> dict:
                                               routed_shape=(2, 2))
         recs.append(GroupRecord(group_id=f"t{g}", harness="codex", calls=calls, results=results))
     cfg = PipelineConfig(row_len=128, num_rows=rows, groups_per_batch=2, vocab_size=64)
-    items = [to_tree(r, vocab_size=64, merge_generations=True) for r in recs]
-    out = pack_items(items, cfg)
+    trees = [to_tree(r, cfg).tree for r in recs]
+    out = pack(trees, cfg)
     from research.trees.packing import pack_routed_experts
 
-    out["expert_ids"] = pack_routed_experts(list(out["trees"]), out)
+    out["expert_ids"] = pack_routed_experts(trees, out)
     return {k: v for k, v in out.items() if isinstance(v, np.ndarray) and v.dtype != object and v.ndim >= 1}
 
 
