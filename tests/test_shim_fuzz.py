@@ -97,7 +97,7 @@ def test_truncated_sse_clients_and_oversize_bodies(tok, tmp_path):
         return oversize, after, recs
 
     oversize, after, recs = asyncio.run(asyncio.wait_for(go(), 60))
-    assert oversize == (400, "body") and after == 200
+    assert oversize == (413, "body") and after == 200
     on_disk = list(read_log(tmp_path / "log.jsonl"))
     assert [r.call_id for r in on_disk] == [r.call_id for r in recs]
     assert [r.status for r in recs].count("aborted") == 3 and recs[-1].status == "ok"

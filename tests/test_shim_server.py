@@ -216,7 +216,7 @@ def test_sessions_enforced_401_shapes_and_open_mode(tok, tmp_path):
                                         extra_headers={"X-Claude-Code-Session-Id": sid})
             o = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
             await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-            out["open"] = sorted((sid, len(s.records)) for sid, s in srv.sessions.items())
+            out["open"] = sorted((sid, s.n_calls) for sid, s in srv.sessions.items())
         return out
 
     out = run(go())

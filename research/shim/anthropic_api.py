@@ -14,7 +14,7 @@ from aiohttp import web
 from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
-from research.shim.session import Call, ChatRequest
+from research.shim.session import Call, ChatRequest, finish_json
 
 SIGNATURE = "harness-rl-shim"  # thinking blocks must carry a signature; Claude Code sends it back verbatim
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "abort": "max_tokens"}
@@ -185,10 +185,9 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
         async for ev in call.events():
             blocks.add(ev)
         blocks.finish()
-        await call.finish()
         message.update(content=blocks.blocks, stop_reason=STOP_REASONS[call.finish_reason],
                        usage=_usage(call, len(call.completion_ids)))
-        return web.json_response(message, dumps=json_dumps)
+        return await finish_json(call, message)
     sse = call.sse = await SSE.open(request)
     await sse.send({"type": "message_start", "message": message}, event="message_start")
     await sse.send({"type": "ping"}, event="ping")

@@ -3,9 +3,9 @@ and the provider-specific error bodies (OpenAI vs Anthropic shapes)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 
@@ -40,34 +40,89 @@ def field(obj: dict, key: str, typ: type | tuple[type, ...], where: str, *, requ
     return v
 
 
+MAX_JSON_DEPTH = 128  # nesting of a request body (real harness requests stay under ~20; JSON Schema included)
+
+
+class BodyTooLarge(BadRequest):
+    """413: the body is over the shim's limit (read up to the limit, never buffered whole)."""
+
+    def __init__(self, message: str):
+        super().__init__("body", message)
+
+
 def json_dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact UTF-8 JSON of a response object (orjson; every value came from orjson or the parser)."""
+    return orjson.dumps(obj).decode()
+
+
+def json_depth(obj: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, counted iteratively; stops early once over `limit`."""
+    stack, deepest = [(obj, 1)], 0
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            return d
+        deepest = max(deepest, d)
+        children = v.values() if isinstance(v, dict) else v
+        stack.extend((c, d + 1) for c in children if isinstance(c, dict | list))
+    return deepest if isinstance(obj, dict | list) else 0
+
+
+def loads_checked(raw: bytes | bytearray | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Strict JSON: valid UTF-8, no lone surrogates (not even as \\u escapes), no NaN/Infinity, and
+    at most `max_depth` levels (the stdlib parser and every later `json.dumps` would otherwise hit
+    Python's recursion limit on deep input). Raises ValueError with the reason."""
+    try:
+        v = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(str(e)) from None
+    if isinstance(v, dict | list) and json_depth(v, max_depth) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    return v
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytearray:
+    """The whole request body, up to `max_bytes` (Content-Length checked first; chunked bodies are
+    counted as they arrive, after any Content-Encoding is undone)."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {max_bytes} bytes")
+    buf = bytearray()
+    while chunk := await request.content.readany():
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+    return buf
 
 
 async def parse_json_body(request: web.Request, max_bytes: int) -> dict:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise BadRequest("body", f"request body of {request.content_length} bytes exceeds {max_bytes}")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise BadRequest("body", f"request body exceeds {max_bytes} bytes")
+    raw = await read_body(request, max_bytes)
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest("body", f"not valid JSON: {e}") from e
+        body = loads_checked(raw)
+    except ValueError as e:
+        raise BadRequest("body", f"not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object, got {type(body).__name__}")
     return body
 
 
+def json_response(obj: Any, *, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, headers=headers, content_type="application/json")
+
+
+def safe_text(text: str) -> str:
+    """Error messages quote client input; a lone surrogate there must not break the error itself."""
+    return text.encode("utf-8", "replace").decode() if text else text
+
+
 def openai_error(status: int, message: str, etype: str, *, code: str | None = None, param: str | None = None,
                  headers: dict | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": etype, "param": param, "code": code}}
-    return web.json_response(body, status=status, headers=headers, dumps=json_dumps)
+    body = {"error": {"message": safe_text(message), "type": etype, "param": param and safe_text(param), "code": code}}
+    return json_response(body, status=status, headers=headers)
 
 
 def anthropic_error(status: int, message: str, etype: str, *, headers: dict | None = None) -> web.Response:
-    body = {"type": "error", "error": {"type": etype, "message": message}}
-    return web.json_response(body, status=status, headers=headers, dumps=json_dumps)
+    body = {"type": "error", "error": {"type": etype, "message": safe_text(message)}}
+    return json_response(body, status=status, headers=headers)
 
 
 class SSE:
@@ -84,9 +139,9 @@ class SSE:
         return cls(resp)
 
     async def send(self, data: Any, event: str | None = None) -> None:
-        payload = data if isinstance(data, str) else json_dumps(data)
-        msg = (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
-        await self.resp.write(msg.encode())
+        payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+        head = f"event: {event}\ndata: ".encode() if event else b"data: "
+        await self.resp.write(head + payload + b"\n\n")
 
     async def close(self) -> None:
         await self.resp.write_eof()

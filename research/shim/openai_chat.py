@@ -10,7 +10,7 @@ from aiohttp import web
 from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
-from research.shim.session import Call, ChatRequest
+from research.shim.session import Call, ChatRequest, finish_json
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}
@@ -109,7 +109,6 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
     cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), call.req.model
     if not call.req.stream:
         out = await call.generate_all()
-        await call.finish()
         msg = {"role": "assistant", "content": out.content or (None if out.tool_calls else "")}
         if out.reasoning is not None:
             msg["reasoning_content"] = out.reasoning
@@ -118,7 +117,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
         body = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call), "logprobs": None}],
                 "usage": _usage(call)}
-        return web.json_response(body, dumps=json_dumps)
+        return await finish_json(call, body)
 
     sse = call.sse = await SSE.open(request)
 

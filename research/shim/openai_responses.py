@@ -19,7 +19,7 @@ from aiohttp import web
 from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
-from research.shim.session import Call, ChatRequest
+from research.shim.session import Call, ChatRequest, finish_json
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string", "description": "the raw tool input"}},
@@ -234,9 +234,8 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
         async for ev in call.events():
             items.add(ev)
         items.finish()
-        await call.finish()
         status = "incomplete" if call.finish_reason in ("length", "abort") else "completed"
-        return web.json_response(_response(call, rid, created, status, items.items), dumps=json_dumps)
+        return await finish_json(call, _response(call, rid, created, status, items.items))
     sse = call.sse = await SSE.open(request)
     seq = 0
 

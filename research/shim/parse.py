@@ -13,9 +13,9 @@ error: a bad tool call is the policy's mistake and must reach the harness and th
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from research.models.tokenizer import Tokenizer
+from research.shim.common import loads_checked
 
 
 @dataclasses.dataclass
@@ -134,18 +134,17 @@ class OutputParser:
 
 
 def parse_tool_json(raw: str) -> ParsedToolCall | None:
+    """A tool call the harness can take, or None (then it stays text). Strict JSON: arguments the
+    shim could not send back (lone surrogates, NaN, nesting beyond MAX_JSON_DEPTH) are not a call."""
     try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+        obj = loads_checked(raw)
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return None
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            args = loads_checked(args)
+    except ValueError:
+        return None
     if not isinstance(args, dict):
         return None
     return ParsedToolCall(obj["name"], args, raw)

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from research.models.tokenizer import Tokenizer
+from research.shim.common import loads_checked
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -45,11 +46,13 @@ class Message:
 
 
 def canonical_args(arguments: str | dict) -> str:
-    """Tool arguments compared by value, so `{"a": 1}` sent back as `{"a":1}` still matches."""
+    """Tool arguments compared by value, so `{"a": 1}` sent back as `{"a":1}` still matches.
+
+    A string that is not strict JSON (or is nested too deep to re-serialise) is compared verbatim."""
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = loads_checked(arguments)
+        except ValueError:
             return arguments
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 

@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
+import orjson
+from aiohttp import web
 
 from research.capture import CallRecord, CaptureLog
 from research.models.tokenizer import Tokenizer
@@ -28,12 +32,16 @@ from research.serving.api import (
     SamplingParams,
     TokenChunk,
 )
+from research.shim.common import BadRequest
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect
+from research.shim.prefix import PrefixIndex
 from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
 
 # The shim's own threads for fsync and tokenization: asyncio's default pool is shared with sandbox
 # backends whose blocking calls can hold every thread for a whole rollout, which would starve capture.
 _IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="shim-io")
+
+log = logging.getLogger(__name__)
 
 OFFLOAD_CHARS = 16384  # new text above this is tokenized in a thread (encode_batch releases the GIL)
 
@@ -56,6 +64,42 @@ class ChatRequest:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seed
+TOP_K_MAX = (1 << 31) - 1  # engines hold top_k in int32
+
+
+def sampling_problem(name: str, value: Any, *, max_temperature: float = 2.0) -> str | None:
+    """Why `value` is not a sampling value every engine can take, or None.
+
+    Checked once at the shim for every engine: the replay engine takes anything, the JAX engine
+    raised a 500 on top_p 0 and sampled garbage at NaN temperature, SGLang rejects top_k < -1."""
+    if value is None:
+        return None
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if name in ("temperature", "top_p"):
+        if not (is_int or isinstance(value, float)) or not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+        if name == "temperature" and not 0 <= value <= max_temperature:
+            return f"must be between 0 and {max_temperature:g}, got {value!r}"
+        if name == "top_p" and not 0 < value <= 1:
+            return f"must be greater than 0 and at most 1, got {value!r}"
+    elif name == "top_k":
+        if not is_int or not -1 <= value <= TOP_K_MAX:
+            return f"must be an integer from -1 (or 0: no top-k) to {TOP_K_MAX}, got {value!r}"
+    elif name == "seed":
+        if not is_int or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+            return f"must be a 64-bit signed integer, got {value!r}"
+    return None
+
+
+def check_sampling(req: ChatRequest, *, max_temperature: float = 2.0) -> None:
+    """Raises BadRequest naming the first sampling field of the request no engine should get."""
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        why = sampling_problem(name, getattr(req, name), max_temperature=max_temperature)
+        if why:
+            raise BadRequest(name, why)
+
+
 @dataclasses.dataclass
 class ShimOptions:
     model_name: str = "policy"
@@ -65,49 +109,53 @@ class ShimOptions:
     sampling_override: dict[str, Any] = dataclasses.field(default_factory=dict)
     return_routed_experts: bool = True
 
+    def __post_init__(self):
+        for name, v in self.sampling_override.items():
+            if name not in ("temperature", "top_p", "top_k", "seed"):
+                raise ValueError(f"sampling_override: unknown field {name!r}")
+            why = sampling_problem(name, v)
+            if why:
+                raise ValueError(f"sampling_override.{name}: {why}")
+
 
 class Session:
-    """One rollout's view of the shim: key, call counter, render cache, generated turns, calls."""
+    """One rollout's view of the shim: key, call counter, render cache, generated turns, calls.
+
+    `keep_records=False` (open mode) keeps only the count: the capture log is the record there, and a
+    long hand-run session must not hold every prompt it ever sent in memory.
+    """
 
     def __init__(self, session_id: str, api_key: str, rollout_id: str, group_id: str, harness: str,
-                 tokenizer: Tokenizer, meta: dict | None = None):
+                 tokenizer: Tokenizer, meta: dict | None = None, *, keep_records: bool = True, first_index: int = 0):
         self.session_id, self.api_key = session_id, api_key
         self.rollout_id, self.group_id, self.harness = rollout_id, group_id, harness
         self.meta = dict(meta or {})
         self.renderer = SessionRenderer(tokenizer)
+        self.keep_records = keep_records
         self.records: list[CallRecord] = []
-        self._seqs: list[tuple[str, list[int]]] = []  # (call_id, prompt+completion) of finished calls
-        self._next_index = 0
+        self.prefixes = PrefixIndex()  # prompt+completion of finished calls, for parent lookup
+        self._next_index = first_index
         self.inflight: set[asyncio.Task] = set()
+        self.last_used = time.monotonic()
+
+    @property
+    def n_calls(self) -> int:
+        """Calls recorded so far (every started call, ok or aborted)."""
+        return self._next_index
 
     def next_index(self) -> int:
         self._next_index += 1
         return self._next_index - 1
 
     def find_parent(self, prompt_ids: list[int]) -> tuple[str | None, int | None]:
-        """Earlier call sharing the longest token prefix with this prompt (latest on ties).
-
-        Append-only harnesses hit the fast path: the last call's full sequence is a prefix.
-        """
-        if not self._seqs:
-            return None, None
-        cid, seq = self._seqs[-1]
-        if len(seq) <= len(prompt_ids) and prompt_ids[:len(seq)] == seq:
-            return cid, len(seq)
-        p = np.asarray(prompt_ids, dtype=np.int64)
-        best_id, best = None, -1
-        for cid, seq in reversed(self._seqs):
-            n = min(len(seq), len(p))
-            neq = np.flatnonzero(p[:n] != np.asarray(seq[:n], dtype=np.int64))
-            lcp = int(neq[0]) if len(neq) else n
-            if lcp > best:
-                best_id, best = cid, lcp
-        return (best_id, best) if best > 0 else (None, None)
+        """Earlier call sharing the longest token prefix with this prompt (latest on ties); O(prompt)."""
+        return self.prefixes.lookup(prompt_ids)
 
     def add_finished(self, rec: CallRecord) -> None:
-        self.records.append(rec)
+        if self.keep_records:
+            self.records.append(rec)
         if rec.status == "ok":
-            self._seqs.append((rec.call_id, rec.prompt_ids + rec.completion_ids))
+            self.prefixes.insert(rec.prompt_ids + rec.completion_ids, rec.call_id)
 
 
 class Call:
@@ -129,6 +177,9 @@ class Call:
         self.record: CallRecord | None = None
         self._stream: AsyncIterator | None = None
         self._first: TokenChunk | GenerateResult | None = None
+        self._prompt_job: asyncio.Future | None = None
+        self._commit_job: asyncio.Future | None = None  # the one capture record of this call
+        self._abort_job: asyncio.Future | None = None
         self.sse = None  # set by the adapter once response headers are out (errors then go in-stream)
 
     # ---- before headers: everything that can still become a clean HTTP error ------------------
@@ -149,17 +200,25 @@ class Call:
         self.max_new_tokens = max(1, min(want, max_ctx - len(p.ids)))
 
     def sampling(self) -> SamplingParams:
+        """The request's sampling values under the forced ones (both checked by `check_sampling`)."""
         r, o = self.req, self.opt.sampling_override
         kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "stop_token_ids": tuple(self.tok.stop_token_ids)}
         for name in ("temperature", "top_p", "top_k", "seed"):
             v = o.get(name, getattr(r, name))
             if v is not None:
                 kw[name] = v
+        if kw.get("top_k", -1) <= 0:
+            kw["top_k"] = -1  # 0 and -1 both mean "no top-k"; -1 is what every engine takes
         return SamplingParams(**kw)
 
     async def start(self) -> None:
-        """Builds the prompt and waits for the engine's first item, so engine errors are still HTTP errors."""
-        await self.build_prompt()
+        """Builds the prompt and waits for the engine's first item, so engine errors are still HTTP errors.
+
+        From here on the call ends as exactly one capture record unless it ends as an HTTP error
+        before anything was sampled; the prompt is built in its own task so a client that leaves
+        meanwhile still gets its (aborted) record."""
+        self._prompt_job = asyncio.ensure_future(self.build_prompt())
+        await asyncio.shield(self._prompt_job)
         greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
                                return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
         self._stream = self.engine.stream(greq)
@@ -167,8 +226,10 @@ class Call:
             self._first = await self._stream.__anext__()
         except StopAsyncIteration:
             self._first = None
+        except asyncio.CancelledError:
+            raise  # abort() closes the stream
         except BaseException:
-            await self._close_stream()
+            await asyncio.shield(self._close_stream())
             raise
 
     async def _close_stream(self) -> None:
@@ -240,7 +301,7 @@ class Call:
                 "tokenized_tokens": p.tokenized_tokens, "max_new_tokens": self.max_new_tokens, **self.req.meta}
         return CallRecord(
             rollout_id=self.session.rollout_id, session_id=self.session.session_id, group_id=self.session.group_id,
-            harness=self.session.harness, call_index=self.session.next_index(), prompt_ids=list(p.ids),
+            harness=self.session.harness, call_index=self.session.next_index(), prompt_ids=p.ids,
             completion_ids=list(self.completion_ids), logprobs=list(self.logprobs),
             weight_version=res.weight_version if res is not None else self.engine.weight_version,
             finish_reason=self.finish_reason if status == "ok" else "abort", call_id=self.call_id,
@@ -254,22 +315,71 @@ class Call:
         self.record = rec
         return rec
 
-    async def finish(self) -> CallRecord:
-        """Captures the call (fsync'd) and remembers the turn for token-in/token-out; call before the final event."""
+    async def _commit_ok(self) -> CallRecord:
         rec = await self._append(self._record("ok"))
         out = self.output
         keys = turn_keys(out.content, out.reasoning, [(c.name, c.arguments) for c in out.tool_calls])
         self.session.renderer.remember(keys, GeneratedTurn(self.call_id, self.prompt.head_ids, rec.completion_ids))
         return rec
 
+    async def finish(self) -> CallRecord:
+        """Captures the call (fsync'd) and remembers the turn for token-in/token-out; call before the final event.
+
+        The commit is its own task: a client leaving meanwhile cannot half-record the call."""
+        if self._commit_job is None:
+            self._commit_job = asyncio.ensure_future(self._commit_ok())
+        return await asyncio.shield(self._commit_job)
+
     async def abort(self) -> CallRecord | None:
-        """Client went away or the engine failed mid-call: stop generating, record what was sampled."""
-        if self.record is not None:
-            return self.record
+        """Client went away or the engine failed mid-call: stop generating, record what was sampled.
+
+        Idempotent, and immune to further cancellation of the caller (aiohttp may cancel a handler
+        again while it cleans up): the work runs in its own task, awaited until done, so the call
+        still ends as exactly one record; the caller's cancellation is re-raised afterwards."""
+        if self._abort_job is None:
+            self._abort_job = asyncio.ensure_future(self._abort())
+        return await wait_through_cancel(self._abort_job)
+
+    async def _abort(self) -> CallRecord | None:
+        if self._commit_job is None:
+            try:
+                await self._close_stream()
+            except Exception:  # noqa: BLE001 - the engine's own cleanup error must not hide the abort record
+                log.exception("call %s: closing the engine stream failed", self.call_id)
+            if self._prompt_job is None:
+                return None
+            try:
+                await self._prompt_job
+            except (Exception, asyncio.CancelledError):  # it would have been an HTTP error: nothing was sampled
+                return None
+            if self._commit_job is None:
+                self._commit_job = asyncio.ensure_future(self._append(self._record("aborted")))
         try:
-            await asyncio.shield(self._close_stream())
-        except Exception:  # noqa: BLE001 - the engine's own cleanup error must not hide the abort record
-            pass
-        if not hasattr(self, "prompt"):
+            return await self._commit_job
+        except Exception:  # noqa: BLE001 - the capture log failed; the client gets an error either way
+            log.exception("call %s: capture failed", self.call_id)
             return None
-        return await asyncio.shield(self._append(self._record("aborted")))
+
+
+async def finish_json(call: Call, body: dict) -> web.Response:
+    """A non-streaming answer: serialised first, then the call is captured, then sent, so a body
+    that cannot be sent becomes an aborted record and an error, never an "ok" record and a 500."""
+    payload = orjson.dumps(body)
+    await call.finish()
+    return web.Response(body=payload, content_type="application/json")
+
+
+async def wait_through_cancel(fut: asyncio.Future):
+    """`await fut` to its end even if the awaiting task is cancelled meanwhile (then re-raised after)."""
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(fut)
+            break
+        except asyncio.CancelledError:
+            if fut.done():  # fut itself was cancelled (loop shutdown)
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
