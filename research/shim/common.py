@@ -75,9 +75,14 @@ def loads_checked(raw: bytes | bytearray | str, *, max_depth: int = MAX_JSON_DEP
     try:
         v = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise ValueError(str(e)) from None
+        if "UTF-8" in str(e) and not isinstance(raw, str):
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as u:
+                raise ValueError(f"not valid UTF-8: byte {u.start} ({bytes(raw[u.start:u.start + 1])!r})") from None
+        raise ValueError(f"not valid JSON: {e}") from None
     if isinstance(v, dict | list) and json_depth(v, max_depth) > max_depth:
-        raise ValueError(f"nested deeper than {max_depth} levels")
+        raise ValueError(f"JSON nested deeper than {max_depth} levels")
     return v
 
 
@@ -99,7 +104,7 @@ async def parse_json_body(request: web.Request, max_bytes: int) -> dict:
     try:
         body = loads_checked(raw)
     except ValueError as e:
-        raise BadRequest("body", f"not valid JSON: {e}") from None
+        raise BadRequest("body", str(e)) from None
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object, got {type(body).__name__}")
     return body
