@@ -101,7 +101,8 @@ def test_bad_input_matrix(tok, tmp_path):
     async def go():
         eng = ReplayEngine(["fine"], tok, cycle=True)
         out = {}
-        async with running_shim(eng, tok, tmp_path / "log.jsonl", enforce_sessions=False, max_body_bytes=256 << 10) as srv:
+        async with running_shim(eng, tok, tmp_path / "log.jsonl", enforce_sessions=False,
+                                max_body_bytes=256 << 10) as srv:
             for name, path, body, hdr, *_ in CASES:
                 hdr = dict(hdr)
                 chunked = bool(hdr.pop("X-Chunked", None))

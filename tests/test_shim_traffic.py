@@ -45,7 +45,8 @@ def big_body(path: str, size: int, marker: str, *, stream: bool = False) -> byte
         body = {"model": "m", "input": [{"type": "message", "role": "user", "content": parts}], "max_output_tokens": 8}
     else:
         parts = [{"type": "text", "text": text}]
-        parts += [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}] if data else []
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+        parts += [image] if data else []
         body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": parts}]}
     return json.dumps({**body, "stream": stream}).encode()
 
@@ -119,7 +120,7 @@ async def _vanishing_client(host, port, session, path, i, stream, rng) -> tuple[
             while len(got) < want and asyncio.get_running_loop().time() < deadline:
                 try:
                     chunk = await asyncio.wait_for(reader.read(want - len(got)), 0.05)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 if not chunk:
                     break
