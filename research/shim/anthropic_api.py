@@ -7,11 +7,9 @@ One block assembler serves both the SSE stream and the JSON answer, so both carr
 
 from __future__ import annotations
 
-import uuid
-
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
+from research.shim.common import SSE, BadRequest, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -142,7 +140,7 @@ class _Blocks:
     def add(self, ev: Delta | ParsedToolCall) -> list[tuple[str, dict]]:
         if isinstance(ev, ParsedToolCall):
             evs = self._close()
-            block = {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": ev.name, "input": {}}
+            block = {"type": "tool_use", "id": f"toolu_{new_id(24)}", "name": ev.name, "input": {}}
             i = len(self.blocks)
             self.blocks.append({**block, "input": ev.arguments})
             return evs + [("content_block_start", {"type": "content_block_start", "index": i, "content_block": block}),
@@ -178,7 +176,7 @@ def _usage(call: Call, output_tokens: int) -> dict:
 
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
-    mid, blocks = f"msg_{uuid.uuid4().hex[:24]}", _Blocks()
+    mid, blocks = f"msg_{new_id(24)}", _Blocks()
     message = {"id": mid, "type": "message", "role": "assistant", "model": call.req.model, "content": [],
                "stop_reason": None, "stop_sequence": None, "usage": _usage(call, 0)}
     if not call.req.stream:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
+from research.shim.common import SSE, BadRequest, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -106,14 +105,14 @@ def _usage(call: Call) -> dict:
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
     """Runs a started call and writes the OpenAI answer (JSON or SSE chunks)."""
-    cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), call.req.model
+    cid, created, model = f"chatcmpl-{new_id(32)}", int(time.time()), call.req.model
     if not call.req.stream:
         out = await call.generate_all()
         msg = {"role": "assistant", "content": out.content or (None if out.tool_calls else "")}
         if out.reasoning is not None:
             msg["reasoning_content"] = out.reasoning
         if out.tool_calls:
-            msg["tool_calls"] = [_tool_call_json(c, f"call_{uuid.uuid4().hex[:24]}") for c in out.tool_calls]
+            msg["tool_calls"] = [_tool_call_json(c, f"call_{new_id(24)}") for c in out.tool_calls]
         body = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call), "logprobs": None}],
                 "usage": _usage(call)}
@@ -131,7 +130,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
         if isinstance(ev, Delta):
             await sse.send(chunk({"content": ev.text} if ev.kind == "text" else {"reasoning_content": ev.text}))
         else:
-            await sse.send(chunk({"tool_calls": [_tool_call_json(ev, f"call_{uuid.uuid4().hex[:24]}", n_calls)]}))
+            await sse.send(chunk({"tool_calls": [_tool_call_json(ev, f"call_{new_id(24)}", n_calls)]}))
             n_calls += 1
     await call.finish()
     await sse.send(chunk({}, _finish(call)))

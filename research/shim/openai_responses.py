@@ -12,11 +12,10 @@ response.completed (after the call is captured).
 from __future__ import annotations
 
 import time
-import uuid
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
+from research.shim.common import SSE, BadRequest, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -153,11 +152,11 @@ class _Items:
         return evs + [{"type": "response.output_item.done", "output_index": idx, "item": it}]
 
     def _tool(self, ev: ParsedToolCall) -> list[dict]:
-        evs, idx, cid = self._close(), len(self.items), f"call_{uuid.uuid4().hex[:24]}"
+        evs, idx, cid = self._close(), len(self.items), f"call_{new_id(24)}"
         if ev.name in self.custom:
             inp = ev.arguments.get("input")
             inp = inp if isinstance(inp, str) else json_dumps(ev.arguments)
-            item = {"type": "custom_tool_call", "id": f"ctc_{uuid.uuid4().hex[:24]}", "call_id": cid,
+            item = {"type": "custom_tool_call", "id": f"ctc_{new_id(24)}", "call_id": cid,
                     "name": ev.name, "input": inp, "status": "completed"}
             self.items.append(item)
             return evs + [
@@ -168,7 +167,7 @@ class _Items:
                  "input": inp},
                 {"type": "response.output_item.done", "output_index": idx, "item": item}]
         args = json_dumps(ev.arguments)
-        item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": cid, "name": ev.name,
+        item = {"type": "function_call", "id": f"fc_{new_id(24)}", "call_id": cid, "name": ev.name,
                 "arguments": args, "status": "completed"}
         self.items.append(item)
         return evs + [
@@ -189,12 +188,12 @@ class _Items:
             evs = self._close()
             idx = len(self.items)
             if kind == "reasoning":
-                item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex[:24]}", "summary": [],
+                item = {"type": "reasoning", "id": f"rs_{new_id(24)}", "summary": [],
                         "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
                 evs.append({"type": "response.output_item.added", "output_index": idx,
                             "item": {**item, "content": []}})
             else:
-                item = {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "in_progress",
+                item = {"type": "message", "id": f"msg_{new_id(24)}", "status": "in_progress",
                         "role": "assistant", "content": [{"type": "output_text", "text": "", "annotations": []}]}
                 evs += [{"type": "response.output_item.added", "output_index": idx, "item": {**item, "content": []}},
                         {"type": "response.content_part.added", "item_id": item["id"], "output_index": idx,
@@ -228,7 +227,7 @@ def _response(call: Call, rid: str, created: int, status: str, output: list[dict
 
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
-    rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
+    rid, created = f"resp_{new_id(32)}", int(time.time())
     items = _Items(set(call.req.meta.get("custom_tools", ())))
     if not call.req.stream:
         async for ev in call.events():

@@ -27,7 +27,7 @@ class _Node:
 
 def common_prefix(a: Sequence[int], a0: int, b: Sequence[int], b0: int, n: int) -> int:
     """Length of the common prefix of a[a0:a0+n] and b[b0:b0+n] (both at least n long)."""
-    if a[a0:a0 + n] == b[b0:b0 + n]:
+    if (a if a0 == 0 and n == len(a) else a[a0:a0 + n]) == b[b0:b0 + n]:  # whole edge: no copy of it
         return n
     lo, hi = 0, n  # a/b agree on [0, lo) and differ somewhere in [lo, hi)
     while hi - lo > 1:

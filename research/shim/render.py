@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from research.models.tokenizer import Tokenizer
@@ -57,14 +58,15 @@ def canonical_args(arguments: str | dict) -> str:
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 
-def turn_keys(content: str, reasoning: str | None, calls: list[tuple[str, Any]]) -> tuple[tuple, tuple]:
+def turn_keys(content: str, reasoning: str | None, calls: list[tuple[str, Any]], *,
+              canonical: Callable[[str | dict], str] = canonical_args) -> tuple[tuple, tuple]:
     """(exact key, reasoning-agnostic key) identifying an assistant turn by what the harness sees."""
-    c = tuple((name, canonical_args(args)) for name, args in calls)
+    c = tuple((name, canonical(args)) for name, args in calls)
     return (content.strip(), (reasoning or "").strip(), c), (content.strip(), None, c)
 
 
-def message_keys(m: Message) -> tuple[tuple, tuple]:
-    return turn_keys(m.content, m.reasoning, [(t.name, t.arguments) for t in m.tool_calls])
+def message_keys(m: Message, *, canonical: Callable[[str | dict], str] = canonical_args) -> tuple[tuple, tuple]:
+    return turn_keys(m.content, m.reasoning, [(t.name, t.arguments) for t in m.tool_calls], canonical=canonical)
 
 
 def tool_json(tool: dict) -> str:
@@ -155,6 +157,7 @@ class GeneratedTurn:
     call_id: str
     head_ids: list[int]  # the generation prompt ids the call ended with
     completion_ids: list[int]
+    exact_ids: list[int] | None = None  # the turn as put back into later prompts (built once)
 
 
 @dataclasses.dataclass
@@ -185,6 +188,18 @@ class SessionRenderer:
         self._cache: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
         self._max = max_cached_segments
         self._generated: dict[tuple, GeneratedTurn] = {}
+        self._canon: collections.OrderedDict[str, str] = collections.OrderedDict()  # arguments string -> canonical
+
+    def canonical(self, arguments: str | dict) -> str:
+        """canonical_args, cached for strings: a session resends every earlier tool call on every call."""
+        if not isinstance(arguments, str):
+            return canonical_args(arguments)
+        hit = self._canon.get(arguments)
+        if hit is None:
+            hit = self._canon[arguments] = canonical_args(arguments)
+            if len(self._canon) > self._max:
+                self._canon.popitem(last=False)
+        return hit
 
     def _ids(self, text: str) -> tuple[list[int], int]:
         hit = self._cache.get(text)
@@ -198,10 +213,12 @@ class SessionRenderer:
         return ids, len(ids)
 
     def exact_turn_ids(self, turn: GeneratedTurn) -> list[int]:
-        ids = turn.head_ids + turn.completion_ids
-        if not turn.completion_ids or turn.completion_ids[-1] not in self.stop_ids:
-            ids = ids + [self.im_end_id]
-        return ids + self.nl_ids
+        if turn.exact_ids is None:
+            ids = turn.head_ids + turn.completion_ids
+            if not turn.completion_ids or turn.completion_ids[-1] not in self.stop_ids:
+                ids.append(self.im_end_id)
+            turn.exact_ids = ids + self.nl_ids
+        return turn.exact_ids
 
     def plan(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool) -> Plan:
         """Segments of the prompt (text, or a generated turn to put back as ids) + texts not yet tokenized."""
@@ -209,7 +226,7 @@ class SessionRenderer:
         retok = 0
         for text, asst in render_segments(messages, tools):
             if asst is not None:
-                k_exact, k_loose = message_keys(asst)
+                k_exact, k_loose = message_keys(asst, canonical=self.canonical)
                 turn = self._generated.get(k_exact) or self._generated.get(k_loose)
                 if turn is not None:
                     parts.append(turn)

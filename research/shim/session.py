@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,8 +32,8 @@ from research.serving.api import (
     SamplingParams,
     TokenChunk,
 )
-from research.shim.common import BadRequest
-from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect
+from research.shim.common import BadRequest, new_id
+from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
 from research.shim.prefix import PrefixIndex
 from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
 
@@ -134,6 +134,7 @@ class Session:
         self.keep_records = keep_records
         self.records: list[CallRecord] = []
         self.prefixes = PrefixIndex()  # prompt+completion of finished calls, for parent lookup
+        self.last_seq_json: tuple[str, int, bytes] | None = None  # (call id, length, JSON of prompt+completion)
         self._next_index = first_index
         self.inflight: set[asyncio.Task] = set()
         self.last_used = time.monotonic()
@@ -166,7 +167,7 @@ class Call:
                  capture: CaptureLog, options: ShimOptions):
         self.session, self.req, self.api = session, req, api
         self.engine, self.tok, self.capture, self.opt = engine, tokenizer, capture, options
-        self.call_id = f"{session.session_id}-{uuid.uuid4().hex[:12]}"
+        self.call_id = f"{session.session_id}-{new_id(12)}"
         self.t_start = time.time()
         self.thinking = options.enable_thinking if req.enable_thinking is None else req.enable_thinking
         self.parser = OutputParser(tokenizer, parse_tools=req.parse_tools)
@@ -202,7 +203,7 @@ class Call:
     def sampling(self) -> SamplingParams:
         """The request's sampling values under the forced ones (both checked by `check_sampling`)."""
         r, o = self.req, self.opt.sampling_override
-        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "stop_token_ids": tuple(self.tok.stop_token_ids)}
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "stop_token_ids": special_ids(self.tok)[4]}
         for name in ("temperature", "top_p", "top_k", "seed"):
             v = o.get(name, getattr(r, name))
             if v is not None:
@@ -256,17 +257,22 @@ class Call:
         return evs
 
     async def events(self) -> AsyncIterator[Delta | ParsedToolCall]:
+        """Parser events as the engine produces tokens; an SSE response is flushed before each wait."""
         item = self._first
         while item is not None:
             for ev in self._take(item):
                 yield ev
             if isinstance(item, GenerateResult):
                 break
+            if self.sse is not None:
+                await self.sse.flush()
             try:
                 item = await self._stream.__anext__()
             except StopAsyncIteration:
                 item = None
         self._stream = None
+        if self.sse is not None:
+            await self.sse.flush()
         if self.result is None:
             raise RuntimeError(f"engine stream of call {self.call_id} ended without a GenerateResult")
 
@@ -309,9 +315,23 @@ class Call:
             routed_experts_shape=shape, api=self.api, status=status, t_start=self.t_start, t_end=time.time(),
             meta=meta)
 
+    def _prompt_json(self) -> bytes | None:
+        """The prompt's ids as JSON, extending the bytes of the call it continues (append-only
+        sessions: O(new tokens) instead of O(prompt) per record)."""
+        last, ids = self.session.last_seq_json, self.prompt.ids
+        if last is None or last[0] != self.parent_call_id or last[1] != self.prefix_match_len:
+            return None
+        return _extend_json(last[2], _ids_json(ids[last[1]:]))
+
     async def _append(self, rec: CallRecord) -> CallRecord:
-        await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.capture.append, rec)
+        pj = self._prompt_json()
+        await asyncio.get_running_loop().run_in_executor(
+            _IO_POOL, functools.partial(self.capture.append, rec, prompt_ids_json=pj))
         self.session.add_finished(rec)
+        if rec.status == "ok":
+            seq = _extend_json(pj or _ids_json(rec.prompt_ids), _ids_json(rec.completion_ids))
+            n = len(rec.prompt_ids) + len(rec.completion_ids)
+            self.session.last_seq_json = None if seq is None else (rec.call_id, n, seq)
         self.record = rec
         return rec
 
@@ -359,6 +379,22 @@ class Call:
         except Exception:  # noqa: BLE001 - the capture log failed; the client gets an error either way
             log.exception("call %s: capture failed", self.call_id)
             return None
+
+
+def _ids_json(ids: list[int]) -> bytes | None:
+    try:
+        return orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+def _extend_json(head: bytes | None, tail: bytes | None) -> bytes | None:
+    """JSON of list a + list b from the JSON of a and of b."""
+    if head is None or tail is None:
+        return None
+    if tail == b"[]" or head == b"[]":
+        return head if tail == b"[]" else tail
+    return head[:-1] + b"," + tail[1:]
 
 
 async def finish_json(call: Call, body: dict) -> web.Response:
