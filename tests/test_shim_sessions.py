@@ -76,6 +76,12 @@ def test_parent_lookup_does_not_grow_with_the_session():
     assert idx.lookup(base + [-1]) == ("c2999", len(base))  # ties: the latest
     assert late < 3 * early + 50e-6, (early, late)
     assert idx.tokens == len(base) + 3 * 3000  # the shared history once
+    chain, seq = PrefixIndex(), list(base)
+    for i in range(200):  # an append-only session: one edge that grows, not a node per call
+        seq = seq + [i, i + 1]
+        chain.insert(seq, f"a{i}")
+    leaf = chain._root.children[base[0]]
+    assert not leaf.children and leaf.run == seq and chain.lookup(seq[:-1] + [-5]) == ("a199", len(seq) - 1)
 
 
 def _chat(sid_header: str, text: str = "hi", stream: bool = False, max_tokens: int = 50) -> tuple[bytes, dict]:

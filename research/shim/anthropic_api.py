@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, new_id, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -61,26 +61,27 @@ def _assistant_blocks(content: list, where: str) -> Message:
     return Message("assistant", "".join(texts), "".join(thoughts) if thoughts else None, calls)
 
 
-def parse_messages(raw: list) -> list[Message]:
-    out = []
-    for i, m in enumerate(raw):
-        w = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(w, "must be an object")
-        role = field(m, "role", str, w, required=True)
-        content = m.get("content", "")
-        if role not in ("user", "assistant", "system"):
-            raise BadRequest(f"{w}.role", f"unknown role {role!r}")
-        if isinstance(content, str):
-            out.append(Message(role, content))
-        elif not isinstance(content, list):
-            raise BadRequest(f"{w}.content", "must be a string or an array of content blocks")
-        elif role == "assistant":
-            out.append(_assistant_blocks(content, f"{w}.content"))
-        else:
-            out += _user_blocks(content, f"{w}.content") if role == "user" else [
-                Message("system", text_of(content, f"{w}.content"))]
-    return out
+def _message(m, i: int, out: list[Message], _open: None) -> None:
+    w = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise BadRequest(w, "must be an object")
+    role = field(m, "role", str, w, required=True)
+    content = m.get("content", "")
+    if role not in ("user", "assistant", "system"):
+        raise BadRequest(f"{w}.role", f"unknown role {role!r}")
+    if isinstance(content, str):
+        out.append(Message(role, content))
+    elif not isinstance(content, list):
+        raise BadRequest(f"{w}.content", "must be a string or an array of content blocks")
+    elif role == "assistant":
+        out.append(_assistant_blocks(content, f"{w}.content"))
+    else:
+        out += _user_blocks(content, f"{w}.content") if role == "user" else [
+            Message("system", text_of(content, f"{w}.content"))]
+
+
+def parse_messages(raw: list, cache: RequestCache | None = None) -> list[Message]:
+    return (cache or RequestCache()).parse(raw, _message, "messages")
 
 
 def parse_tools(body: dict) -> list[dict]:
@@ -98,14 +99,16 @@ def parse_tools(body: dict) -> list[dict]:
     return out
 
 
-def parse_request(body: dict, *, count_only: bool = False) -> ChatRequest:
+def parse_request(body: dict, cache: RequestCache | None = None, *, count_only: bool = False) -> ChatRequest:
+    """`cache`: the session's RequestCache for this API (history already parsed last call)."""
     msgs = field(body, "messages", list, "", required=True)
     if not msgs and not count_only:
         raise BadRequest("messages", "must not be empty")
     system = body.get("system")
-    messages = parse_messages(msgs)
+    cache = cache or RequestCache()
+    messages = parse_messages(msgs, cache)
     if system:
-        messages.insert(0, Message("system", text_of(system, "system")))
+        messages.insert(0, cache.single("system", system, lambda: Message("system", text_of(system, "system"))))
     max_tokens = field(body, "max_tokens", int, "")
     if max_tokens is not None and max_tokens < 1 and not count_only:
         raise BadRequest("max_tokens", "must be >= 1")

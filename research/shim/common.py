@@ -3,8 +3,10 @@ and the provider-specific error bodies (OpenAI vs Anthropic shapes)."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -52,6 +54,49 @@ def new_id(n: int = 24) -> str:
     return f"{_IDS.getrandbits(4 * n):0{n}x}"
 
 
+class RequestCache:
+    """A session's previous request, parsed (one per API). Agent loops resend their whole history
+    on every call: the leading items equal to last time's (one C-level compare each) are not parsed
+    again and keep their Message objects, which lets the renderer reuse their segments too.
+
+    `parse(raw, step, where)`: `step(item, index, out, open_turn) -> open_turn` appends the item's
+    messages to `out`; parsing resumes only after an item that left no turn open (Responses folds
+    several items into one assistant turn). New items are checked for nesting depth here (the body
+    check skips the history, see `parse_json_body`), so a long history is walked once, not per call."""
+
+    def __init__(self):
+        self.raw: list = []
+        self.out: list = []
+        self.marks: list[tuple[int, int]] = [(0, 0)]  # (items parsed, messages out) with no open turn
+        self.singles: dict[str, tuple[Any, Any]] = {}
+
+    def parse(self, raw: list, step: Callable[[Any, int, list, Any], Any], where: str) -> list:
+        k, n = 0, min(len(raw), len(self.raw))
+        while k < n and raw[k] == self.raw[k]:  # cached items are shallow: the compare recursion is bounded
+            k += 1
+        for i in range(k, len(raw)):
+            if json_depth(raw[i], MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 2:  # the item sits 2 levels down
+                raise BadRequest(f"{where}[{i}]", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        j = bisect.bisect_right(self.marks, (k, 1 << 62)) - 1
+        start, n_out = self.marks[j]
+        marks, out, cur = self.marks[:j + 1], self.out[:n_out], None
+        for i in range(start, len(raw)):
+            cur = step(raw[i], i, out, cur)
+            if cur is None:
+                marks.append((i + 1, len(out)))
+        self.raw, self.out, self.marks = raw, out, marks
+        return list(out)
+
+    def single(self, name: str, raw: Any, make: Callable[[], Any]) -> Any:
+        """`make()`, or what it returned last time for an equal `raw` (e.g. the system prompt)."""
+        hit = self.singles.get(name)
+        if hit is not None and hit[0] == raw:
+            return hit[1]
+        value = make()
+        self.singles[name] = (raw, value)
+        return value
+
+
 MAX_JSON_DEPTH = 128  # nesting of a request body (real harness requests stay under ~20; JSON Schema included)
 
 
@@ -87,7 +132,7 @@ def json_depth(obj: Any, limit: int) -> int:
     return depth
 
 
-def loads_checked(raw: bytes | bytearray | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def loads_checked(raw: bytes | bytearray | str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """Strict JSON: valid UTF-8, no lone surrogates (not even as \\u escapes), no NaN/Infinity, and
     at most `max_depth` levels (the stdlib parser and every later `json.dumps` would otherwise hit
     Python's recursion limit on deep input). Raises ValueError with the reason."""
@@ -100,7 +145,7 @@ def loads_checked(raw: bytes | bytearray | str, *, max_depth: int = MAX_JSON_DEP
             except UnicodeDecodeError as u:
                 raise ValueError(f"not valid UTF-8: byte {u.start} ({bytes(raw[u.start:u.start + 1])!r})") from None
         raise ValueError(f"not valid JSON: {e}") from None
-    if json_depth(v, max_depth) > max_depth:
+    if max_depth is not None and json_depth(v, max_depth) > max_depth:
         raise ValueError(f"JSON nested deeper than {max_depth} levels")
     return v
 
@@ -118,14 +163,21 @@ async def read_body(request: web.Request, max_bytes: int) -> bytearray:
     return buf
 
 
-async def parse_json_body(request: web.Request, max_bytes: int) -> dict:
+async def parse_json_body(request: web.Request, max_bytes: int, *, history: str | None = None) -> dict:
+    """The body as a JSON object, strict and depth-checked (see `loads_checked`) except for the list
+    under `history` ("messages" / "input"): its items are depth-checked by `RequestCache.parse` when
+    first seen, as an agent resends the same history on every call."""
     raw = await read_body(request, max_bytes)
     try:
-        body = loads_checked(raw)
+        body = loads_checked(raw, max_depth=None)
     except ValueError as e:
         raise BadRequest("body", str(e)) from None
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object, got {type(body).__name__}")
+    for key, value in body.items():
+        if type(value) is dict or (type(value) is list and key != history):
+            if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
+                raise BadRequest("body", f"JSON nested deeper than {MAX_JSON_DEPTH} levels (in {key!r})")
     return body
 
 

@@ -6,7 +6,7 @@ import time
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, new_id, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -43,21 +43,22 @@ def _assistant(m: dict, where: str) -> Message:
     return Message("assistant", text_of(m.get("content"), f"{where}.content"), reasoning, calls)
 
 
-def parse_messages(raw: list, where: str = "messages") -> list[Message]:
-    out = []
-    for i, m in enumerate(raw):
-        w = f"{where}[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(w, "must be an object")
-        role = ROLES.get(field(m, "role", str, w, required=True))
-        if role is None:
-            raise BadRequest(f"{w}.role", f"unknown role {m['role']!r}")
-        if role == "assistant":
-            out.append(_assistant(m, w))
-        else:
-            out.append(Message(role, text_of(m.get("content"), f"{w}.content"),
-                               tool_call_id=m.get("tool_call_id") if role == "tool" else None))
-    return out
+def _message(m, i: int, out: list[Message], _open: None) -> None:
+    w = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise BadRequest(w, "must be an object")
+    role = ROLES.get(field(m, "role", str, w, required=True))
+    if role is None:
+        raise BadRequest(f"{w}.role", f"unknown role {m['role']!r}")
+    if role == "assistant":
+        out.append(_assistant(m, w))
+    else:
+        out.append(Message(role, text_of(m.get("content"), f"{w}.content"),
+                           tool_call_id=m.get("tool_call_id") if role == "tool" else None))
+
+
+def parse_messages(raw: list, cache: RequestCache | None = None) -> list[Message]:
+    return (cache or RequestCache()).parse(raw, _message, "messages")
 
 
 def thinking_switch(body: dict) -> bool | None:
@@ -68,7 +69,8 @@ def thinking_switch(body: dict) -> bool | None:
     return False if effort in ("none", "minimal") else None
 
 
-def parse_request(body: dict) -> ChatRequest:
+def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
+    """`cache`: the session's RequestCache for this API (history already parsed last call)."""
     msgs = field(body, "messages", list, "", required=True)
     if not msgs:
         raise BadRequest("messages", "must not be empty")
@@ -79,7 +81,8 @@ def parse_request(body: dict) -> ChatRequest:
         raise BadRequest("max_tokens", "must be >= 1")
     tool_choice = body.get("tool_choice", "auto")
     return ChatRequest(
-        messages=parse_messages(msgs), tools=parse_tools(body), model=field(body, "model", str, "", default="policy"),
+        messages=parse_messages(msgs, cache), tools=parse_tools(body),
+        model=field(body, "model", str, "", default="policy"),
         stream=bool(field(body, "stream", bool, "", default=False)), max_tokens=max_tokens,
         temperature=field(body, "temperature", float, ""), top_p=field(body, "top_p", float, ""),
         top_k=field(body, "top_k", int, ""), seed=field(body, "seed", int, ""),

@@ -4,8 +4,8 @@ A radix trie over the token sequences (prompt + completion) of the session's fin
 edge holds a run of tokens, each node the most recent call whose sequence passes through it, so a
 lookup walks the prompt once: O(prompt) whatever the number of earlier calls (a scan over earlier
 calls made a 2000-call session 6x slower per call by its end). Inserting costs O(sequence) and
-stores only the tokens not already in the trie, so an append-only session keeps one copy of its
-longest sequence.
+stores only the tokens not already in the trie; a sequence extending a leaf grows that leaf's
+edge, so an append-only session is a single edge (one slice compare per lookup).
 
 Edge runs are Python lists compared slice against slice (C loops; a 20k-token prompt costs ~0.1 ms),
 and the one mismatching edge of a lookup is bisected on halves, O(edge) in total.
@@ -74,6 +74,12 @@ class PrefixIndex:
                 return
             child.latest, child.latest_id = order, call_id
             node, i = child, i + m
+            if i < n and not node.children and node is not self._root:
+                # the new sequence extends a leaf (an append-only session): grow its edge instead of
+                # chaining a node per call; the shorter sequence loses nothing, as ties go to the newer
+                node.run += seq[i:]
+                self.tokens += n - i
+                return
 
     def lookup(self, prompt: Sequence[int]) -> tuple[str | None, int | None]:
         """(call id, common-prefix length) of the best earlier sequence, or (None, None)."""

@@ -32,6 +32,7 @@ from research.shim import anthropic_api, openai_chat, openai_responses
 from research.shim.common import (
     BadRequest,
     BodyTooLarge,
+    RequestCache,
     anthropic_error,
     json_response,
     openai_error,
@@ -57,17 +58,18 @@ class SessionInfo:
 class _Api:
     name: str  # CallRecord.api
     provider: str  # openai | anthropic (error shapes)
-    parse: Callable[[dict], ChatRequest]
+    parse: Callable[[dict, RequestCache], ChatRequest]
     respond: Callable[[Call, web.Request], Awaitable[web.StreamResponse]]
     stream_error: Callable[[Call, str, str], Awaitable[None]]
     max_temperature: float = 2.0
+    history: str = "messages"  # the body field that resends the conversation (see RequestCache)
 
 
 APIS = {
     "chat/completions": _Api("openai_chat", "openai", openai_chat.parse_request, openai_chat.respond,
                              openai_chat.stream_error),
     "responses": _Api("openai_responses", "openai", openai_responses.parse_request, openai_responses.respond,
-                      openai_responses.stream_error),
+                      openai_responses.stream_error, history="input"),
     "messages": _Api("anthropic_messages", "anthropic", anthropic_api.parse_request, anthropic_api.respond,
                      anthropic_api.stream_error, max_temperature=1.0),
 }
@@ -299,7 +301,8 @@ class ShimServer:
         if isinstance(s, str):
             return error_response("anthropic", 401, s, "auth")
         try:
-            req = anthropic_api.parse_request(await parse_json_body(request, self.max_body_bytes), count_only=True)
+            body = await parse_json_body(request, self.max_body_bytes, history="messages")
+            req = anthropic_api.parse_request(body, count_only=True)
         except BodyTooLarge as e:
             return error_response("anthropic", 413, str(e), "too_large")
         except BadRequest as e:
@@ -319,7 +322,8 @@ class ShimServer:
         if isinstance(s, str):
             return error_response(api.provider, 401, s, "auth")
         try:
-            req = api.parse(await parse_json_body(request, self.max_body_bytes))
+            body = await parse_json_body(request, self.max_body_bytes, history=api.history)
+            req = api.parse(body, s.request_cache(api.name))
             check_sampling(req, max_temperature=api.max_temperature)
         except BodyTooLarge as e:
             return error_response(api.provider, 413, str(e), "too_large", param=e.param)

@@ -32,7 +32,7 @@ from research.serving.api import (
     SamplingParams,
     TokenChunk,
 )
-from research.shim.common import BadRequest, new_id
+from research.shim.common import BadRequest, RequestCache, new_id
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
 from research.shim.prefix import PrefixIndex
 from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
@@ -135,9 +135,17 @@ class Session:
         self.records: list[CallRecord] = []
         self.prefixes = PrefixIndex()  # prompt+completion of finished calls, for parent lookup
         self.last_seq_json: tuple[str, int, bytes] | None = None  # (call id, length, JSON of prompt+completion)
+        self._request_caches: dict[str, RequestCache] = {}
         self._next_index = first_index
         self.inflight: set[asyncio.Task] = set()
         self.last_used = time.monotonic()
+
+    def request_cache(self, api: str) -> RequestCache:
+        """The parsed previous request of this session on `api` (see common.RequestCache)."""
+        c = self._request_caches.get(api)
+        if c is None:
+            c = self._request_caches[api] = RequestCache()
+        return c
 
     @property
     def n_calls(self) -> int:
