@@ -196,3 +196,23 @@ def test_deep_and_odd_tool_arguments_are_not_errors(tok, tmp_path):
     recs = list(read_log(tmp_path / "log.jsonl"))
     assert [r.status for r in recs] == ["ok"] * 5
     assert recs[0].meta["retokenized_turns"] == 1  # the deep-argument turn was rendered, verbatim
+
+
+def test_sampling_checked_once_for_every_engine(tok, tmp_path):
+    """Forced sampling values are checked when the shim is configured; request values at the shim; the
+    engine gets top_k -1 for "no top-k" whichever of 0 / -1 the client sent."""
+    from research.shim.session import ShimOptions
+
+    for bad in ({"temperature": float("nan")}, {"top_p": 0.0}, {"top_k": -3}, {"seed": 1 << 64}, {"typo": 1}):
+        with pytest.raises(ValueError, match="sampling_override"):
+            ShimOptions(sampling_override=bad)
+
+    async def go():
+        eng = ReplayEngine(["fine"], tok, cycle=True)
+        async with running_shim(eng, tok, tmp_path / "log.jsonl", enforce_sessions=False) as srv:
+            for top_k in (0, -1, 7):
+                assert (await raw_http(srv.host, srv.port, "POST", CHAT, raw(CHAT, top_k=top_k, temperature=1,
+                                                                              top_p=0.5, seed=-3)))[0] == 200
+        return [(r.sampling.top_k, r.sampling.temperature, r.sampling.top_p, r.sampling.seed) for r in eng.requests]
+
+    assert asyncio.run(asyncio.wait_for(go(), 30)) == [(-1, 1, 0.5, -3), (-1, 1, 0.5, -3), (7, 1, 0.5, -3)]

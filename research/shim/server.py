@@ -34,12 +34,13 @@ from research.shim.common import (
     BodyTooLarge,
     RequestCache,
     anthropic_error,
+    check_sampling,
     json_response,
     openai_error,
     parse_json_body,
     safe_text,
 )
-from research.shim.session import Call, ChatRequest, Session, ShimOptions, check_sampling
+from research.shim.session import Call, ChatRequest, Session, ShimOptions
 
 log = logging.getLogger(__name__)
 

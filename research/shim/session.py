@@ -13,7 +13,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,7 +31,7 @@ from research.serving.api import (
     SamplingParams,
     TokenChunk,
 )
-from research.shim.common import BadRequest, RequestCache, new_id
+from research.shim.common import RequestCache, new_id, sampling_problem
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
 from research.shim.prefix import PrefixIndex
 from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
@@ -62,42 +61,6 @@ class ChatRequest:
     enable_thinking: bool | None = None
     parse_tools: bool = True  # False for tool_choice "none": tags stay text
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seed
-TOP_K_MAX = (1 << 31) - 1  # engines hold top_k in int32
-
-
-def sampling_problem(name: str, value: Any, *, max_temperature: float = 2.0) -> str | None:
-    """Why `value` is not a sampling value every engine can take, or None.
-
-    Checked once at the shim for every engine: the replay engine takes anything, the JAX engine
-    raised a 500 on top_p 0 and sampled garbage at NaN temperature, SGLang rejects top_k < -1."""
-    if value is None:
-        return None
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if name in ("temperature", "top_p"):
-        if not (is_int or isinstance(value, float)) or not math.isfinite(value):
-            return f"must be a finite number, got {value!r}"
-        if name == "temperature" and not 0 <= value <= max_temperature:
-            return f"must be between 0 and {max_temperature:g}, got {value!r}"
-        if name == "top_p" and not 0 < value <= 1:
-            return f"must be greater than 0 and at most 1, got {value!r}"
-    elif name == "top_k":
-        if not is_int or not -1 <= value <= TOP_K_MAX:
-            return f"must be an integer from -1 (or 0: no top-k) to {TOP_K_MAX}, got {value!r}"
-    elif name == "seed":
-        if not is_int or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-            return f"must be a 64-bit signed integer, got {value!r}"
-    return None
-
-
-def check_sampling(req: ChatRequest, *, max_temperature: float = 2.0) -> None:
-    """Raises BadRequest naming the first sampling field of the request no engine should get."""
-    for name in ("temperature", "top_p", "top_k", "seed"):
-        why = sampling_problem(name, getattr(req, name), max_temperature=max_temperature)
-        if why:
-            raise BadRequest(name, why)
 
 
 @dataclasses.dataclass
