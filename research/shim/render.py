@@ -302,7 +302,8 @@ class SessionRenderer:
             self._cache.popitem(last=False)
         return sum(map(len, ids))
 
-    def assemble(self, plan: Plan, tokenized_tokens: int) -> Prompt:
+    def assemble(self, plan: Plan, tokenized_tokens: int, *, keep: bool = True) -> Prompt:
+        """The prompt's ids; `keep`: remember it as the base for the next call's `plan`."""
         if plan.reused:
             ids = plan.base.ids[:plan.base.tok_ends[plan.reused - 1]]
             tok_ends = plan.base.tok_ends[:plan.reused]
@@ -319,15 +320,16 @@ class SessionRenderer:
         head, n = self._ids(plan.parts[-1])
         ids += head
         exact_calls = [sg.part.call_id for sg in plan.segs if isinstance(sg.part, GeneratedTurn)]
-        self._memo = _Memo(plan.messages, plan.tools, plan.last_query, plan.segs, [sg.end for sg in plan.segs],
-                           tok_ends, ids)
+        if keep:
+            self._memo = _Memo(plan.messages, plan.tools, plan.last_query, plan.segs, [sg.end for sg in plan.segs],
+                               tok_ends, ids)
         return Prompt(ids, list(head), tokenized_tokens + n, len(exact_calls), plan.retokenized_turns, exact_calls)
 
-    def build(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool) -> Prompt:
+    def build(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool, keep: bool = True) -> Prompt:
         """Synchronous plan + tokenize + assemble (the shim tokenizes large new text off the event loop)."""
         plan = self.plan(messages, tools, enable_thinking=enable_thinking)
         n = self.add_tokenized(plan.missing, [self.tok.encode(t) for t in plan.missing])
-        return self.assemble(plan, n)
+        return self.assemble(plan, n, keep=keep)
 
     def remember(self, keys: tuple[tuple, tuple], turn: GeneratedTurn) -> None:
         for k in keys:

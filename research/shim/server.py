@@ -207,7 +207,7 @@ class ShimServer:
         self._forget(s)
         await self._cancel_inflight(s)
         self._closed[session_id] = s.n_calls  # aborted calls may have been counted meanwhile
-        return list(s.records)
+        return sorted(s.records, key=lambda r: r.call_index)  # group commit may have finished them out of order
 
     def _forget(self, s: Session) -> None:
         self.sessions.pop(s.session_id, None)
@@ -309,7 +309,7 @@ class ShimServer:
         except BadRequest as e:
             return error_response("anthropic", 400, str(e), "invalid_request")
         thinking = self.options.enable_thinking if req.enable_thinking is None else req.enable_thinking
-        p = s.renderer.build(req.messages, req.tools, enable_thinking=thinking)
+        p = s.renderer.build(req.messages, req.tools, enable_thinking=thinking, keep=False)  # calls stay incremental
         return json_response({"input_tokens": len(p.ids)})
 
     def _handler(self, api: _Api):
