@@ -60,6 +60,7 @@ TOOL_ARGS_5000 = json.dumps({"messages": [
 CASES = [
     *[(f"deep1000-{p}", p, splice(p, "metadata", nested(1000)), {}, 400, "nested deeper than 128") for p in PROVIDER],
     ("deep100k-chat", CHAT, splice(CHAT, "x", nested(100_000)), {}, 400, "nested deeper than 128"),
+    *[(f"deep-tools-{p}", p, splice(p, "tools", nested(300)), {}, 400, "nested deeper than 128") for p in PROVIDER],
     ("deep-tool-input-msgs", MSGS, json.dumps({"max_tokens": 5, "messages": [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",

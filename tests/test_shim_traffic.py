@@ -184,6 +184,33 @@ def test_random_disconnects_exactly_one_record(tok, tmp_path, path):
         assert r.finish_reason == "abort" and len(r.completion_ids) < 201
 
 
+def test_client_gone_while_the_prompt_is_tokenized(tok, tmp_path):
+    """A long first prompt is tokenized off the event loop; the client leaves meanwhile: the call is
+    still recorded once (aborted, nothing sampled), and the engine never sees it."""
+    async def go():
+        eng = ReplayEngine(["fine"], tok, cycle=True)
+        async with running_shim(eng, tok, tmp_path / "log.jsonl") as srv:
+            s = await srv.open_session("r", "g", "h")
+            body = json.dumps({"messages": [{"role": "user", "content": "word " * 60_000}]}).encode()
+            reader, writer = await asyncio.open_connection(srv.host, srv.port)
+            writer.write(f"POST /s/{s.session_id}{CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {s.api_key}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+            sess = srv.sessions[s.session_id]
+            while not sess.inflight:
+                await asyncio.sleep(0.001)
+            writer.close()
+            for _ in range(500):
+                if sess.n_calls:
+                    break
+                await asyncio.sleep(0.01)
+            return await srv.close_session(s.session_id), len(eng.requests)
+
+    recs, n_engine = asyncio.run(asyncio.wait_for(go(), 60))
+    assert [(r.status, len(r.completion_ids)) for r in recs] == [("aborted", 0)] and len(recs[0].prompt_ids) > 50_000
+    assert n_engine == 0
+
+
 class SlowCloseEngine(Engine):
     """A replay engine whose stream takes a while to clean up after a cancel (like freeing a slot)."""
 

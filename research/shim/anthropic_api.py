@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, RequestCache, field, json_dumps, new_id, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -115,7 +115,8 @@ def parse_request(body: dict, cache: RequestCache | None = None, *, count_only: 
     thinking = field(body, "thinking", dict, "", default={})
     tool_choice = field(body, "tool_choice", dict, "", default={})
     return ChatRequest(
-        messages=messages, tools=parse_tools(body), model=field(body, "model", str, "", default="policy"),
+        messages=messages, tools=cached_tools(body, cache, parse_tools),
+        model=field(body, "model", str, "", default="policy"),
         stream=bool(field(body, "stream", bool, "", default=False)), max_tokens=max_tokens,
         temperature=field(body, "temperature", float, ""), top_p=field(body, "top_p", float, ""),
         top_k=field(body, "top_k", int, ""),

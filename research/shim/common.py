@@ -98,6 +98,20 @@ class RequestCache:
         return value
 
 
+def cached_tools(body: dict, cache: RequestCache | None, parse: Callable[[dict], Any]) -> Any:
+    """`parse(body)` for the body's tools, reused while the client resends the same tools (an agent
+    sends all of them, schemas included, on every call); depth-checked when new (the body check
+    skips them, see `parse_json_body`)."""
+    raw = body.get("tools")
+
+    def make():
+        if type(raw) is list and json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
+            raise BadRequest("tools", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return parse(body)
+
+    return (cache or RequestCache()).single("tools", raw, make)
+
+
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seed
 TOP_K_MAX = (1 << 31) - 1  # engines hold top_k in int32
 
@@ -201,9 +215,9 @@ async def read_body(request: web.Request, max_bytes: int) -> bytearray:
 
 
 async def parse_json_body(request: web.Request, max_bytes: int, *, history: str | None = None) -> dict:
-    """The body as a JSON object, strict and depth-checked (see `loads_checked`) except for the list
-    under `history` ("messages" / "input"): its items are depth-checked by `RequestCache.parse` when
-    first seen, as an agent resends the same history on every call."""
+    """The body as a JSON object, strict and depth-checked (see `loads_checked`) except for the lists
+    under `history` ("messages" / "input") and "tools": an agent resends them on every call, so they
+    are depth-checked when first seen (`RequestCache.parse`, `cached_tools`)."""
     raw = await read_body(request, max_bytes)
     try:
         body = loads_checked(raw, max_depth=None)
@@ -212,7 +226,7 @@ async def parse_json_body(request: web.Request, max_bytes: int, *, history: str 
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object, got {type(body).__name__}")
     for key, value in body.items():
-        if type(value) is dict or (type(value) is list and key != history):
+        if type(value) is dict or (type(value) is list and key != history and key != "tools"):
             if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
                 raise BadRequest("body", f"JSON nested deeper than {MAX_JSON_DEPTH} levels (in {key!r})")
     return body

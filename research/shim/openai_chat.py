@@ -6,7 +6,7 @@ import time
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, RequestCache, field, json_dumps, new_id, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -81,7 +81,7 @@ def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
         raise BadRequest("max_tokens", "must be >= 1")
     tool_choice = body.get("tool_choice", "auto")
     return ChatRequest(
-        messages=parse_messages(msgs, cache), tools=parse_tools(body),
+        messages=parse_messages(msgs, cache), tools=cached_tools(body, cache, parse_tools),
         model=field(body, "model", str, "", default="policy"),
         stream=bool(field(body, "stream", bool, "", default=False)), max_tokens=max_tokens,
         temperature=field(body, "temperature", float, ""), top_p=field(body, "top_p", float, ""),

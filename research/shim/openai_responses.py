@@ -15,7 +15,7 @@ import time
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, RequestCache, field, json_dumps, new_id, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -115,7 +115,7 @@ def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
         messages.insert(0, cache.single("instructions", instructions, lambda: Message("system", instructions)))
     if not messages:
         raise BadRequest("input", "must not be empty")
-    tools, custom = parse_tools(body)
+    tools, custom = cached_tools(body, cache, parse_tools)
     reasoning = field(body, "reasoning", dict, "", default={})
     tool_choice = body.get("tool_choice", "auto")
     max_tokens = field(body, "max_output_tokens", int, "")

@@ -34,7 +34,7 @@ from research.serving.api import (
 from research.shim.common import RequestCache, new_id, sampling_problem
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
 from research.shim.prefix import PrefixIndex
-from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
+from research.shim.render import GeneratedTurn, Message, Plan, Prompt, SessionRenderer, turn_keys
 
 # The shim's own threads for fsync and tokenization: asyncio's default pool is shared with sandbox
 # backends whose blocking calls can hold every thread for a whole rollout, which would starve capture.
@@ -149,6 +149,7 @@ class Call:
         self.record: CallRecord | None = None
         self._stream: AsyncIterator | None = None
         self._first: TokenChunk | GenerateResult | None = None
+        self.prompt: Prompt | None = None
         self._prompt_job: asyncio.Future | None = None
         self._commit_job: asyncio.Future | None = None  # the one capture record of this call
         self._abort_job: asyncio.Future | None = None
@@ -157,19 +158,32 @@ class Call:
     # ---- before headers: everything that can still become a clean HTTP error ------------------
 
     async def build_prompt(self) -> None:
-        r = self.session.renderer
-        plan = r.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
-        if sum(map(len, plan.missing)) > OFFLOAD_CHARS:  # e.g. a 76 KB first request: keep the loop serving
-            ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.tok.encode_batch, plan.missing)
+        plan = self.session.renderer.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
+        if self._offload(plan):
+            await self._tokenize_offloaded(plan)
         else:
+            self._finish_prompt(plan, None)
+
+    @staticmethod
+    def _offload(plan: Plan) -> bool:
+        return sum(map(len, plan.missing)) > OFFLOAD_CHARS  # e.g. a 76 KB first request: keep the loop serving
+
+    async def _tokenize_offloaded(self, plan: Plan) -> None:
+        ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.tok.encode_batch, plan.missing)
+        self._finish_prompt(plan, ids)
+
+    def _finish_prompt(self, plan: Plan, ids: list[list[int]] | None) -> None:
+        r = self.session.renderer
+        if ids is None:
             ids = [self.tok.encode(t) for t in plan.missing]
-        p = self.prompt = r.assemble(plan, r.add_tokenized(plan.missing, ids))
-        self.parent_call_id, self.prefix_match_len = self.session.find_parent(p.ids)
+        p = r.assemble(plan, r.add_tokenized(plan.missing, ids))
         max_ctx = self.engine.max_context
         if len(p.ids) >= max_ctx:
             raise ContextLengthExceeded(f"prompt is too long: {len(p.ids)} tokens > {max_ctx - 1} maximum")
         want = self.req.max_tokens or self.opt.default_max_tokens
         self.max_new_tokens = max(1, min(want, max_ctx - len(p.ids)))
+        self.parent_call_id, self.prefix_match_len = self.session.find_parent(p.ids)
+        self.prompt = p  # last: a call with a prompt is one that can be recorded
 
     def sampling(self) -> SamplingParams:
         """The request's sampling values under the forced ones (both checked by `check_sampling`)."""
@@ -187,10 +201,14 @@ class Call:
         """Builds the prompt and waits for the engine's first item, so engine errors are still HTTP errors.
 
         From here on the call ends as exactly one capture record unless it ends as an HTTP error
-        before anything was sampled; the prompt is built in its own task so a client that leaves
-        meanwhile still gets its (aborted) record."""
-        self._prompt_job = asyncio.ensure_future(self.build_prompt())
-        await asyncio.shield(self._prompt_job)
+        before anything was sampled; a prompt tokenized off the loop is finished in its own task,
+        so a client that leaves meanwhile still gets its (aborted) record."""
+        plan = self.session.renderer.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
+        if self._offload(plan):
+            self._prompt_job = asyncio.ensure_future(self._tokenize_offloaded(plan))
+            await asyncio.shield(self._prompt_job)
+        else:
+            self._finish_prompt(plan, None)
         greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
                                return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
         self._stream = self.engine.stream(greq)
@@ -337,11 +355,12 @@ class Call:
                 await self._close_stream()
             except Exception:  # noqa: BLE001 - the engine's own cleanup error must not hide the abort record
                 log.exception("call %s: closing the engine stream failed", self.call_id)
-            if self._prompt_job is None:
-                return None
-            try:
-                await self._prompt_job
-            except (Exception, asyncio.CancelledError):  # it would have been an HTTP error: nothing was sampled
+            if self.prompt is None and self._prompt_job is not None:
+                try:
+                    await self._prompt_job
+                except (Exception, asyncio.CancelledError):  # it would have been an HTTP error: nothing sampled
+                    return None
+            if self.prompt is None:
                 return None
             if self._commit_job is None:
                 self._commit_job = asyncio.ensure_future(self._append(self._record("aborted")))
