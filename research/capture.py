@@ -220,6 +220,10 @@ class CaptureLog:
         """Durable on return; `prompt_ids_json` as in `to_json_bytes`."""
         self._commit(to_json_bytes(rec, prompt_ids_json=prompt_ids_json) + b"\n")
 
+    def append_line(self, line: bytes) -> None:
+        """A record already serialised by `to_json_bytes` (no newline); durable on return."""
+        self._commit(line + b"\n")
+
     def append_many(self, recs: list[CallRecord | RolloutResult]) -> None:
         """Writes the records as one block (durable on return), group committed with other threads."""
         self._commit(b"".join(to_json_bytes(r) + b"\n" for r in recs))

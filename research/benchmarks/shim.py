@@ -86,7 +86,7 @@ async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, p
                 t0 = time.perf_counter()
                 r = await _post(http, url, s.api_key, body)
                 t_shim = time.perf_counter() - t0
-                rec = srv.sessions[s.session_id].records[-1]
+                rec = srv.sessions[s.session_id].last_record()
                 t0 = time.perf_counter()
                 await engine.generate(GenerateRequest(list(rec.prompt_ids), SamplingParams(max_new_tokens=64)))
                 t_direct = time.perf_counter() - t0

@@ -186,7 +186,7 @@ class _Memo:
     segs: list[_Seg]
     seg_ends: list[int]  # _Seg.end of each segment (bisected)
     tok_ends: list[int]  # prompt length after each segment
-    ids: list[int]  # the prompt (its generation prompt after tok_ends[-1])
+    ids: list[int]  # the prompt (its generation prompt after tok_ends[-1]): the previous Prompt.ids
 
 
 @dataclasses.dataclass
@@ -213,14 +213,17 @@ class Prompt:
 
 
 class SessionRenderer:
-    """Per-session segment cache + the map of assistant turns this session generated."""
+    """Per-session segment cache + the map of assistant turns this session generated.
+
+    Cached segment ids are tuples: a tuple of ints leaves Python's cyclic GC after one collection, a
+    list would be walked token by token by every full collection for as long as the session lives."""
 
     def __init__(self, tokenizer: Tokenizer, max_cached_segments: int = 4096):
         self.tok = tokenizer
         self.im_end_id = tokenizer.token_to_id(IM_END)
         self.nl_ids = tokenizer.encode("\n")
         self.stop_ids = set(tokenizer.stop_token_ids)
-        self._cache: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._max = max_cached_segments
         self._generated: dict[tuple, GeneratedTurn] = {}
         self._canon: collections.OrderedDict[str, str] = collections.OrderedDict()  # arguments string -> canonical
@@ -237,13 +240,12 @@ class SessionRenderer:
                 self._canon.popitem(last=False)
         return hit
 
-    def _ids(self, text: str) -> tuple[list[int], int]:
+    def _ids(self, text: str) -> tuple[tuple[int, ...], int]:
         hit = self._cache.get(text)
         if hit is not None:
             self._cache.move_to_end(text)
             return hit, 0
-        ids = self.tok.encode(text)
-        self._cache[text] = ids
+        ids = self._cache[text] = tuple(self.tok.encode(text))
         if len(self._cache) > self._max:
             self._cache.popitem(last=False)
         return ids, len(ids)
@@ -297,7 +299,7 @@ class SessionRenderer:
 
     def add_tokenized(self, texts: list[str], ids: list[list[int]]) -> int:
         for t, i in zip(texts, ids, strict=True):
-            self._cache[t] = i
+            self._cache[t] = tuple(i)
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
         return sum(map(len, ids))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from research.capture import CallRecord, CaptureLog
+from research.capture import CallRecord, CaptureLog, from_json, to_json_bytes
 from research.models.tokenizer import Tokenizer
 from research.serving.api import (
     ContextLengthExceeded,
@@ -84,8 +83,10 @@ class ShimOptions:
 class Session:
     """One rollout's view of the shim: key, call counter, render cache, generated turns, calls.
 
-    `keep_records=False` (open mode) keeps only the count: the capture log is the record there, and a
-    long hand-run session must not hold every prompt it ever sent in memory.
+    Finished calls are kept as their capture-log lines (bytes: compact, and invisible to Python's
+    cyclic GC, which otherwise walks every token id of every kept prompt again and again);
+    `records` decodes them. `keep_records=False` (open mode) keeps only the count: the capture log
+    is the record there.
     """
 
     def __init__(self, session_id: str, api_key: str, rollout_id: str, group_id: str, harness: str,
@@ -95,7 +96,7 @@ class Session:
         self.meta = dict(meta or {})
         self.renderer = SessionRenderer(tokenizer)
         self.keep_records = keep_records
-        self.records: list[CallRecord] = []
+        self._lines: list[bytes] = []  # capture-log lines of the finished calls (keep_records)
         self.prefixes = PrefixIndex()  # prompt+completion of finished calls, for parent lookup
         self.last_seq_json: tuple[str, int, bytes] | None = None  # (call id, length, JSON of prompt+completion)
         self._request_caches: dict[str, RequestCache] = {}
@@ -123,9 +124,17 @@ class Session:
         """Earlier call sharing the longest token prefix with this prompt (latest on ties); O(prompt)."""
         return self.prefixes.lookup(prompt_ids)
 
-    def add_finished(self, rec: CallRecord) -> None:
+    @property
+    def records(self) -> list[CallRecord]:
+        """The finished calls, in call order (decoded from their capture-log lines)."""
+        return sorted(map(from_json, self._lines), key=lambda r: r.call_index)
+
+    def last_record(self) -> CallRecord | None:
+        return from_json(self._lines[-1]) if self._lines else None
+
+    def add_finished(self, rec: CallRecord, line: bytes) -> None:
         if self.keep_records:
-            self.records.append(rec)
+            self._lines.append(line)
         if rec.status == "ok":
             self.prefixes.insert(rec.prompt_ids + rec.completion_ids, rec.call_id)
 
@@ -312,11 +321,15 @@ class Call:
             return None
         return _extend_json(last[2], _ids_json(ids[last[1]:]))
 
+    def _write(self, rec: CallRecord, pj: bytes | None) -> bytes:
+        line = to_json_bytes(rec, prompt_ids_json=pj)
+        self.capture.append_line(line)
+        return line
+
     async def _append(self, rec: CallRecord) -> CallRecord:
         pj = self._prompt_json()
-        await asyncio.get_running_loop().run_in_executor(
-            _IO_POOL, functools.partial(self.capture.append, rec, prompt_ids_json=pj))
-        self.session.add_finished(rec)
+        line = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self._write, rec, pj)
+        self.session.add_finished(rec, line)
         if rec.status == "ok":
             seq = _extend_json(pj or _ids_json(rec.prompt_ids), _ids_json(rec.completion_ids))
             n = len(rec.prompt_ids) + len(rec.completion_ids)
