@@ -60,7 +60,7 @@ _MESHES = {
     "tpu": dict(data=1, fsdp=2, expert=8, tensor=1),
 }
 _ROWS = {"gpu": 8, "tpu": 16}
-CONTEXT = 32768  # the RL configs' serving context = packed row length
+CONTEXT = 16384  # the RL configs' serving context = packed row length
 # Per-device memory of each target (vendor figures, decimal GB): what research/train/aot.py checks a step against.
 _DEVICES = {"gpu": dict(kind="H200", memory_gb=141.0), "tpu": dict(kind="TPU v5p", memory_gb=95.0)}
 

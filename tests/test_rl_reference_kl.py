@@ -112,7 +112,7 @@ def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path, parity_tas
     tasks = parity_tasks(tmp_path / "tasks", n=2)
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=1)
-    cfg.train.update(steps=1)
+    cfg.train.update(steps=1, skip_empty=False)  # a group without reward signal still steps (the KL term acts)
     wd = tmp_path / "run"
     assert train(cfg, wd)["rl_step"] == 1
     cfg.train.update(steps=2)
