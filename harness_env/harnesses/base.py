@@ -152,6 +152,10 @@ class Harness(abc.ABC):
     def npm_packages(self) -> list[NpmPackage]:
         return [p for p in (self.node, self.package, *self.extra_packages) if p is not None]
 
+    def py_packages(self) -> list:
+        """Pinned PyPI packages (install.PyPackage), each in its own venv (browser-use)."""
+        return []
+
     async def install(self) -> None:
         """Idempotent: installs the pinned packages into the shared cache (fast when present)."""
         if self.package is not None:

@@ -8,7 +8,7 @@ Output: one JSON object `{"type": "result", "subtype": "success" | "error_max_tu
 
 Web tasks: the browser is the `@playwright/mcp` server (harness_env/web/browser.py) given by
 `--mcp-config` (+ `--strict-mcp-config`: no other MCP server from anywhere), its tools appearing as
-`mcp__playwright__browser_*` beside Claude Code's own.
+`mcp__playwright__browser_*` beside Claude Code's own (listed with their schemas: ENABLE_TOOL_SEARCH=false).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ class ClaudeCode(Harness):
             "IS_SANDBOX": "1",
             "MCP_TIMEOUT": "60000",  # ms to start the MCP server (a loaded 2-core machine)
             "MCP_TOOL_TIMEOUT": "120000",
+            # MCP tools in the tool list with their schemas (not deferred behind ToolSearch): the policy
+            # sees the browser tools it can call, as with any other tool.
+            **({"ENABLE_TOOL_SEARCH": "false"} if ctx.web is not None else {}),
         }
 
     def argv(self, prompt: str, ctx: SessionContext) -> list[str]:
