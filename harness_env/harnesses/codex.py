@@ -82,6 +82,7 @@ class Codex(Harness):
         command, args = web_browser.mcp_server(ctx)
         return [f"[mcp_servers.{web_browser.MCP_SERVER_NAME}]", f"command = {_toml_str(command)}",
                 "args = [" + ", ".join(_toml_str(a) for a in args) + "]", "startup_timeout_sec = 60",
+                "required = true",  # its tools are in the very first request (else they come a turn late)
                 "tool_timeout_sec = 120", ""]
 
     async def prepare(self, host_home: pathlib.Path, ctx: SessionContext) -> None:
