@@ -42,11 +42,12 @@ async def run(task: str) -> dict:
     llm = ChatOpenAI(model=os.environ.get("HRL_MODEL", "policy"), base_url=os.environ["HRL_BASE_URL"],
                      api_key=os.environ["HRL_API_KEY"], add_schema_to_system_prompt=True,
                      dont_force_structured_output=True, max_retries=1, timeout=600)
-    origins = [o for o in os.environ.get("HRL_ORIGINS", "").split(",") if o]
+    # No allowed_domains: with it browser-use closes Chromium's first tab (chrome://new-tab-page...) and its
+    # start-up stalls; the sandbox's loopback-only network is the boundary anyway.
     profile = BrowserProfile(executable_path=os.environ["HRL_CHROMIUM"], headless=True, chromium_sandbox=False,
                              args=json.loads(os.environ.get("HRL_CHROMIUM_ARGS", "[]")), user_data_dir=None,
-                             enable_default_extensions=False, allowed_domains=origins or None,
-                             viewport={"width": 1280, "height": 800}, keep_alive=False)
+                             enable_default_extensions=False, viewport={"width": 1280, "height": 800},
+                             keep_alive=False)
     session = BrowserSession(browser_profile=profile)
     agent = Agent(task=task, llm=llm, browser_session=session, use_vision=False, use_judge=False,
                   calculate_cost=False, generate_gif=False, enable_signal_handler=False)
