@@ -7,7 +7,8 @@ state (`reward/env_state/state.json`, written by the app outside the agent's rea
 `reward/expected.json`: all-or-nothing, with one sub-score per check.
 
 A variant is (template, index): a seeded draw of names, products, values and page positions. The split
-is by a stable hash of (template, index), ~20% held out, so every template appears in both splits and
+is every 5th index of each template (20% held out, at a per-template hashed offset), so every template
+appears in both splits and
 held-out success measures the skill on unseen data, not memorised answers. `solution/plan.json` is the
 reference solution as abstract browser steps (goto / fill / select / check / click by accessible name),
 run by the scripted oracle policy (harness_env/web/policy.py) through any browser harness and by the
@@ -302,8 +303,10 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
 
 
 def split_of(template: str, index: int) -> str:
-    h = int(hashlib.sha256(f"web/{template}/{index}".encode()).hexdigest()[:8], 16)
-    return "heldout" if h % 5 == 0 else "train"
+    """Every 5th variant index of a template is held out, at a per-template offset (a stable hash): 20% of
+    each template, so every template is in both splits."""
+    h = int(hashlib.sha256(f"web/{template}".encode()).hexdigest()[:8], 16)
+    return "heldout" if (h + index) % 5 == 0 else "train"
 
 
 def variant(template: str, index: int) -> dict:

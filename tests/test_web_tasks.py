@@ -1,0 +1,286 @@
+"""Web tasks without a browser: the family and its split, every template's checker validated through the site
+app (plan 1.0, nothing 0.0, plausible mistake 0.0), env.json validation, the scripted web policy's dialects,
+the screenshotting MCP relay, the forwarder's app ports, and the shim's Codex namespace tools."""
+
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from harness_env.tasks import web_family as wf
+from harness_env.tasks.loader import TaskError, load_task
+from harness_env.web import env as webenv
+from harness_env.web import policy, site_app
+from harness_env.web.minibrowser import StepError, run_plan
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def serve(task: pathlib.Path, state: pathlib.Path):
+    """The task's site in this process on a free port (the same code as env/app.py); returns (server, base)."""
+    spec = json.loads((task / "env" / "site.json").read_text())
+    state.mkdir(parents=True, exist_ok=True)
+    site = site_app.Site(spec, str(state))
+    srv = site_app.http.server.ThreadingHTTPServer(("127.0.0.1", 0), site_app.make_handler(site))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def grade_state(task: pathlib.Path, state: pathlib.Path, tmp: pathlib.Path) -> tuple[float, dict]:
+    """reward.sh as the verifier runs it: from a fresh reward/ dir holding env_state/."""
+    rdir = tmp / "reward"
+    shutil.rmtree(rdir, ignore_errors=True)
+    shutil.copytree(task / "reward", rdir)
+    shutil.copytree(state, rdir / "env_state")
+    out = subprocess.run(["/bin/bash", str(rdir / "reward.sh")], capture_output=True, text=True, timeout=30)
+    lines = out.stdout.strip().splitlines()
+    return float(lines[-1]), json.loads(lines[0])["sub_scores"]
+
+
+def play(task: pathlib.Path, plan_file: str | None, tmp: pathlib.Path) -> float:
+    state = tmp / f"state-{plan_file}"
+    shutil.rmtree(state, ignore_errors=True)
+    srv, base = serve(task, state)
+    try:
+        if plan_file is not None:
+            plan = json.loads((task / "solution" / plan_file).read_text())
+            run_plan(base, [dict(s, url=s["url"].replace(wf.START, base)) if "url" in s else s for s in plan])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return grade_state(task, state, tmp)[0]
+
+
+def test_family_size_split_and_determinism(tmp_path):
+    assert len(wf.TEMPLATES) >= 12
+    tr, ho = wf.variants("train", 10), wf.variants("heldout", 10)
+    assert not set(tr) & set(ho) and len(tr) + len(ho) == 10 * len(wf.TEMPLATES)
+    assert len(ho) / (len(tr) + len(ho)) == 0.2
+    assert {t for t, _ in ho} == set(wf.TEMPLATES)  # every template has held-out variants
+    a, b = wf.write_task(tmp_path / "a", "checkout", 3), wf.write_task(tmp_path / "b", "checkout", 3)
+    for f in ("data_entry.json", "env/site.json", "reward/expected.json", "solution/plan.json"):
+        assert (a / f).read_text() == (b / f).read_text()
+    assert (a / "env/site.json").read_text() != wf.write_task(tmp_path / "c", "checkout", 4).joinpath(
+        "env/site.json").read_text()  # another index, another variant
+    dirs = wf.generate(tmp_path / "gen", "heldout", n=14, seed=1)
+    assert len({json.loads((d / "data_entry.json").read_text())["metadata"]["template"] for d in dirs}) >= 10
+    task = load_task(dirs[0])
+    assert task.web is not None and task.web.port == wf.PORT and task.category == "web"
+
+
+@pytest.mark.parametrize("template", sorted(wf.TEMPLATES))
+def test_checker_validated(template, tmp_path):
+    """For 3 variants: the reference plan scores 1.0, doing nothing 0.0, the plausible mistake 0.0."""
+    for index in range(3):
+        task = wf.write_task(tmp_path / "tasks", template, index)
+        assert play(task, "plan.json", tmp_path) == 1.0, (template, index)
+        assert play(task, None, tmp_path) == 0.0, (template, index)
+        assert play(task, "wrong_plan.json", tmp_path) == 0.0, (template, index)
+
+
+def test_state_log_and_failed_action(tmp_path):
+    task = wf.write_task(tmp_path / "t", "contact_form", 0)
+    state = tmp_path / "s"
+    srv, base = serve(task, state)
+    try:
+        b = run_plan(base, [{"op": "goto", "url": base + "/contact"}, {"op": "click", "role": "button",
+                                                                     "name": "Send message"}])
+        assert b.status == 400 and "Please fill in" in " ".join(c.label for c in b.page.controls) + str(b.page.links) \
+            or b.status == 400
+        with pytest.raises(StepError):
+            run_plan(base, [{"op": "goto", "url": base + "/"}, {"op": "click", "role": "link", "name": "Nope"}])
+        req = urllib.request.Request(base + "/", headers={webenv.PROBE_HEADER: "1"})
+        urllib.request.urlopen(req).read()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    s = webenv.summarize(state)
+    assert s["actions"] == 1 and s["failed_actions"] == 1 and s["recovered"] is False
+    assert s["pages_visited"] == 2  # /contact and / (the probe is not logged)
+    log = json.loads((state / "state.json").read_text())["log"]
+    assert all(e["form"].get("password") in (None, "***") for e in log)
+
+
+def test_env_json_validation(tmp_path):
+    task = wf.write_task(tmp_path, "todo", 0)
+    env = task / "env" / "env.json"
+    good = json.loads(env.read_text())
+    for bad, why in ((dict(good, port=18080), "port"), (dict(good, port="8000"), "port"), (dict(good, command=[]),
+                     "command"), (dict(good, ready_path="x"), "ready_path"), (dict(good, state_mb=True), "state_mb")):
+        env.write_text(json.dumps(bad))
+        with pytest.raises(TaskError, match=why):
+            load_task(task)
+    env.unlink()
+    with pytest.raises(TaskError, match="env.json"):
+        load_task(task)
+    env.symlink_to("/etc/passwd")
+    with pytest.raises(TaskError):
+        load_task(task)
+
+
+SNAPSHOT = """### Page
+- Page URL: http://127.0.0.1:8000/contact
+### Snapshot
+```yaml
+- generic [ref=e1]:
+  - textbox "Name" [ref=e5]
+  - combobox "Topic" [ref=e7]:
+    - option "Billing"
+  - checkbox "Email newsletter" [checked] [ref=e9]
+  - button "Send message" [ref=e12]
+```"""
+
+
+def _prompt(n_results: int, last: str = SNAPSHOT, query: str = "Q") -> str:
+    tools = '<tools>\n{"type": "function", "function": {"name": "mcp__playwright__browser_click"}}\n' \
+            '{"type": "function", "function": {"name": "mcp__playwright__browser_type"}}\n</tools>'
+    results = "".join(f"<tool_response>\n{last if i == n_results - 1 else 'ok'}\n</tool_response>"
+                      for i in range(n_results))
+    return f"<|im_start|>system\n{tools}<|im_end|>\n<|im_start|>user\n{query}<|im_end|>\n{results}"
+
+
+def test_mcp_dialect_reads_refs_from_the_snapshot():
+    plan = [{"op": "goto", "url": "http://127.0.0.1:8000/contact"}, {"op": "fill", "label": "Name", "value": "Ada"},
+            {"op": "check", "role": "checkbox", "name": "Email newsletter"},
+            {"op": "click", "role": "button", "name": "Send message"}]
+    assert [s["op"] for s in policy.expand_mcp(plan)] == ["goto", "snapshot", "fill", "check", "click"]
+    call = lambda n: json.loads(policy.mcp_reply(_prompt(n), plan, "Done.").split("\n")[1])  # noqa: E731
+    assert call(0) == {"name": "browser_navigate", "arguments": {"url": plan[0]["url"]}}  # not in <tools>: default
+    assert call(2) == {"name": "mcp__playwright__browser_type",
+                       "arguments": {"element": "textbox Name", "target": "e5", "text": "Ada"}}
+    assert call(3)["name"].endswith("browser_snapshot")  # already checked: no toggle
+    assert call(4) == {"name": "mcp__playwright__browser_click",
+                       "arguments": {"element": "button Send message", "target": "e12"}}
+    assert policy.mcp_reply(_prompt(5), plan, "Done.") == "Done."
+
+
+BU_STATE = """<browser_state>
+Interactive elements:
+Name
+|SHADOW(open)|[4]<input id=f-name name=name type=text />
+[7]<input type=radio name=time value=18:30 />
+\t18:30
+[9]<button type=submit />
+\tBook table
+</browser_state>
+<step_info>Step2 maximum:30
+"""
+
+
+def test_browser_use_dialect_reads_indices():
+    plan = [{"op": "goto", "url": "http://x/"}, {"op": "fill", "label": "Name", "value": "Ada"},
+            {"op": "check", "role": "radio", "name": "18:30"}, {"op": "click", "role": "button", "name": "Book table"}]
+    reply = lambda state: json.loads(policy.bu_reply(state, plan, "ok"))["action"][0]  # noqa: E731
+    assert reply(BU_STATE) == {"input": {"index": 4, "text": "Ada"}}
+    assert reply(BU_STATE.replace("Step2", "Step3")) == {"click": {"index": 7}}
+    assert reply(BU_STATE.replace("Step2", "Step4")) == {"click": {"index": 9}}
+    assert reply(BU_STATE.replace("Step2", "Step5")) == {"done": {"text": "ok", "success": True}}
+
+
+FAKE_MCP = r'''
+import json, os, sys
+out = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("method") != "tools/call":
+        print(json.dumps({"jsonrpc": "2.0", "id": m.get("id"), "result": {}}), flush=True)
+        continue
+    name = m["params"]["name"]
+    if name == "browser_take_screenshot":
+        open(os.path.join(out, "page-%s.png" % m["id"]), "wb").write(b"\x89PNG")
+    text = "### Page\n- Page URL: http://127.0.0.1:8000/%s\n" % name
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"content": [{"type": "text", "text": text}],
+                      "isError": name == "browser_click"}}), flush=True)
+'''
+
+
+def test_mcp_recorder_screenshots_each_page_changing_step(tmp_path):
+    fake = tmp_path / "fake_mcp.py"
+    fake.write_text(FAKE_MCP)
+    out, shots, steps = tmp_path / "out", tmp_path / "shots", tmp_path / "steps.jsonl"
+    out.mkdir()
+    argv = [sys.executable, str(REPO / "harness_env/web/mcp_recorder.py"), "--screenshots", str(shots), "--steps",
+            str(steps), "--outdir", str(out), "--", sys.executable, str(fake), str(out)]
+    reqs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "browser_navigate", "arguments": {}}},
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "browser_snapshot", "arguments": {}}},
+            {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "browser_click", "arguments": {}}}]
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    answers = []
+    for r in reqs:  # a client waits for each answer, as an MCP client does
+        p.stdin.write(json.dumps(r) + "\n")
+        p.stdin.flush()
+        answers.append(json.loads(p.stdout.readline()))
+    p.stdin.close()
+    assert p.wait(timeout=30) == 0
+    assert [a["id"] for a in answers] == [1, 2, 3, 4]  # the client sees its own answers only, in order
+    assert "browser_navigate" in answers[1]["result"]["content"][0]["text"]
+    log = [json.loads(x) for x in steps.read_text().splitlines()]
+    assert [(s["tool"], s["ok"], s["screenshot"]) for s in log] == [
+        ("browser_navigate", True, "step_001.png"), ("browser_snapshot", True, None), ("browser_click", False,
+                                                                                        "step_003.png")]
+    assert log[0]["url"] == "http://127.0.0.1:8000/browser_navigate"
+    assert sorted(os.listdir(shots)) == ["step_001.png", "step_003.png"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_forwarder_app_ports_both_ways(tmp_path):
+    """--forward PORT=SOCK (agent side) and --listen-unix SOCK --socket HOST:PORT (app side), chained."""
+    app_port, agent_port = _free_port(), _free_port()
+    srv = site_app.http.server.ThreadingHTTPServer(("127.0.0.1", app_port), site_app.make_handler(
+        site_app.Site({"kind": "todo", "title": "T", "data": {"todos": []}}, str(tmp_path))))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    sock = tmp_path / "app.sock"
+    fwd = str(REPO / "harness_env/sandbox/forwarder.py")
+    procs = [subprocess.Popen([sys.executable, fwd, "--listen-unix", str(sock), "--socket", f"127.0.0.1:{app_port}"]),
+             subprocess.Popen([sys.executable, fwd, "--forward", f"{agent_port}={sock}"])]
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/", timeout=5).read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert "To-do list" in body
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_shim_flattens_codex_namespace_tools():
+    from research.shim.openai_responses import _fold_item, _Items, parse_tools
+    from research.shim.parse import ParsedToolCall
+
+    body = {"tools": [{"type": "function", "name": "exec_command", "parameters": {}},
+                      {"type": "namespace", "name": "mcp__playwright", "tools": [
+                          {"type": "function", "name": "browser_click", "parameters": {"type": "object"}}]}]}
+    tools, custom, spaced = parse_tools(body)
+    assert [t["function"]["name"] for t in tools] == ["exec_command", "mcp__playwright__browser_click"]
+    assert spaced == {"mcp__playwright__browser_click": ["mcp__playwright", "browser_click"]} and not custom
+    items = _Items(set(), spaced)
+    items.add(ParsedToolCall(name="mcp__playwright__browser_click", arguments={"target": "e1"}, raw=""))
+    item = items.items[-1]
+    assert (item["name"], item["namespace"]) == ("browser_click", "mcp__playwright")
+    out: list = []
+    _fold_item({"type": "function_call", "call_id": "c1", "name": "browser_click", "namespace": "mcp__playwright",
+                "arguments": "{}"}, 0, out, None)
+    assert out[0].tool_calls[0].name == "mcp__playwright__browser_click"
