@@ -83,7 +83,7 @@ def test_analytics_on_a_known_trace():
     b = analytics.analyze_texts("r", "reference", [(p1, c1), (p2, c2), (p3, c3), (p4, c4)])
     assert b.turns == 4
     assert [t.ok for t in b.tools] == [False, True, True, None]
-    assert b.by_kind == {"write": 1, "inspect": 0, "run": 2, "shell_other": 0, "finish": 1, "other": 0}
+    assert b.by_kind == {"write": 1, "inspect": 0, "run": 2, "shell_other": 0, "finish": 1, "browse": 0, "other": 0}
     assert b.self_verified and b.had_error and b.recovered
     assert b.coverage == pytest.approx(3 / 4)
     lazy = analytics.analyze_texts("s", "reference", [(p1, _tc("bash", command="echo hi > a.txt")),
