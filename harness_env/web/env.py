@@ -31,6 +31,7 @@ import os
 import pathlib
 import shutil
 import stat
+import tempfile
 import time
 
 from harness_env.sandbox.base import FORWARDER_HOST, FORWARDER_IN, Backend, Limits, Mount, SandboxSpec
@@ -112,6 +113,18 @@ class RunningEnv:
         self.web, self.host_dir, self.sbx, self.run_task = web, host_dir, sbx, run_task
         self.socket = host_dir / "run" / "app.sock"
         self.stopped = False
+        self._short: str | None = None
+
+    @property
+    def connect_path(self) -> str:
+        """A path to connect to the socket from the host: AF_UNIX paths must stay under 108 bytes, so a deep
+        rollout dir is reached through a short symlink in the temp dir (removed by `stop`)."""
+        if len(str(self.socket)) < 100:
+            return str(self.socket)
+        if self._short is None:
+            self._short = tempfile.mkdtemp(prefix="hrl-app-")
+            os.symlink(self.socket.parent, os.path.join(self._short, "run"))
+        return os.path.join(self._short, "run", self.socket.name)
 
     async def stop(self):
         """Kills the app (its whole process tree) and removes its sandbox; returns the app's ExecResult or None."""
@@ -124,6 +137,8 @@ class RunningEnv:
         with contextlib.suppress(BaseException):
             res = await self.run_task
         await self.sbx.close()
+        if self._short is not None:
+            shutil.rmtree(self._short, ignore_errors=True)
         return res
 
     def collect(self, dest: pathlib.Path) -> pathlib.Path:
@@ -168,7 +183,7 @@ async def wait_ready(env: RunningEnv) -> None:
             out = f"exit {res.exit_code}: {(res.stderr or res.stdout)[-600:]}" if res is not None else "cancelled"
             raise WebEnvError(f"the web app exited before answering ({out})")
         try:
-            status = await probe(env.socket, env.web.ready_path, env.web.port)
+            status = await probe(env.connect_path, env.web.ready_path, env.web.port)
             if 200 <= status < 400:
                 return
             last = f"HTTP {status}"
@@ -178,7 +193,7 @@ async def wait_ready(env: RunningEnv) -> None:
     raise WebEnvError(f"the web app did not answer {env.web.ready_path} within {env.web.startup_timeout_s:.0f}s ({last})")
 
 
-async def probe(sock: pathlib.Path, path: str, port: int, timeout: float = 5.0) -> int:
+async def probe(sock: str | pathlib.Path, path: str, port: int, timeout: float = 5.0) -> int:
     """GET `path` over the app's Unix socket from the host; returns the HTTP status."""
     reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(sock)), timeout)
     try:
