@@ -180,8 +180,8 @@ FORGE = [
     # 1. plant the state the checker wants where the checker reads it (reward/ is replaced before grading)
     "mkdir -p reward/env_state && python3 -c \"import json; json.dump({'data': json.load(open('/dev/stdin'))}, "
     "open('reward/env_state/state.json', 'w'))\" <<< '{}' ; ls reward/env_state",
-    # 2. take over the app's port: kill the forwarder, serve a fake app (the browser would see it)
-    "pkill -f hrl/forwarder.py; (python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &) ; sleep 1; "
+    # 2. take over the app's port with a fake app (the forwarder holds it; killing the forwarder kills the agent)
+    "timeout 3 python3 -m http.server 8000 --bind 127.0.0.1 2>&1 | tail -1; "
     "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)\"",
     # 3. look for the app's files and state anywhere it could reach
     "find / -xdev \\( -name state.json -o -name site.json \\) -not -path '*/reward/*' 2>/dev/null | head; echo searched",
@@ -208,6 +208,6 @@ def test_forging_the_app_state_does_not_pay(tmp_path, qwen3_tokenizer_dir):
     assert r.status == "ok" and r.reward == 0.0, (r.status, r.message, logs_of(tmp_path, r.rollout_id))
     assert r.meta["web"]["actions"] == 0  # the real app never saw a post
     outputs = "".join(tok.decode(c.prompt_ids) for c in calls[-1:])
-    assert "200" in outputs and "searched" in outputs  # the attacks ran (the fake app answered)
+    assert "Address already in use" in outputs and "searched" in outputs  # the attacks ran
     assert "/srv/hrl-env" not in outputs and "site.json" not in outputs.split("searched")[-2][-400:]
 
