@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from rollout_kit import logs_of, run_rollouts
 
 from harness_env.harnesses.base import get_harness
 from harness_env.harnesses.scripted import scripted_reply
@@ -23,7 +24,6 @@ from harness_env.web import browser
 from harness_env.web import env as webenv
 from harness_env.web.policy import WebOracle, web_script
 from research.trees.builder import build_tree
-from rollout_kit import logs_of, run_rollouts
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 HARNESSES = ("claude_code", "codex", "browser_use")
@@ -54,12 +54,14 @@ def _solve_all(tmp_path, tok, backend_name):
     specs = [RolloutSpec(t, h, 0) for h in HARNESSES for t in tasks]
     backend = None if backend_name == "bwrap" else get_backend(backend_name)
     t0 = time.monotonic()
-    results, calls = run_rollouts(tmp_path, _engine(tok, tasks), tok, specs, backend=backend, concurrency=2,
-                                  timeout_s=240, max_turns=40)
+    results, calls = run_rollouts(
+        tmp_path, _engine(tok, tasks), tok, specs, backend=backend, concurrency=2, timeout_s=240, max_turns=40
+    )
     wall = time.monotonic() - t0
     for r in results:
-        assert (r.status, r.reward) == ("ok", 1.0), f"{r.rollout_id}: {r.status} {r.message}\n" \
-                                                    f"{logs_of(tmp_path, r.rollout_id)}"
+        assert (r.status, r.reward) == ("ok", 1.0), (
+            f"{r.rollout_id}: {r.status} {r.message}\n{logs_of(tmp_path, r.rollout_id)}"
+        )
         web = r.meta["web"]
         assert web["state"] and web["actions"] >= 1 and web["screenshots"] >= 1 and web["browser_steps"] >= 2
         shots = tmp_path / "run" / "rollouts" / r.rollout_id / "logs" / "home" / browser.SCREENSHOTS
@@ -71,9 +73,11 @@ def _solve_all(tmp_path, tok, backend_name):
     print(f"\n[web e2e {backend_name}] {len(results)} rollouts in {wall:.1f} s (2 at once)")
     for r in sorted(results, key=lambda r: r.rollout_id):
         t = r.timings
-        print(f"  {r.rollout_id}: total {t['total_s']:.1f} s (app start {t['app_start_s']:.2f} s, harness "
-              f"{t['harness_s']:.1f} s, grading {t['reward_s']:.2f} s), {r.meta['calls']} calls, "
-              f"{r.meta['web']['browser_steps']} browser steps, {r.meta['web']['screenshots']} screenshots")
+        print(
+            f"  {r.rollout_id}: total {t['total_s']:.1f} s (app start {t['app_start_s']:.2f} s, harness "
+            f"{t['harness_s']:.1f} s, grading {t['reward_s']:.2f} s), {r.meta['calls']} calls, "
+            f"{r.meta['web']['browser_steps']} browser steps, {r.meta['web']['screenshots']} screenshots"
+        )
     return results
 
 
@@ -102,10 +106,21 @@ def test_wrong_plan_and_doing_nothing_score_zero_in_a_real_browser(tmp_path, qwe
     _need("bwrap")
     tok = load_tokenizer(qwen3_tokenizer_dir)
     tasks = _tasks(tmp_path, [("book_table", 2)])
-    wrong, _ = run_rollouts(tmp_path / "wrong", _engine(tok, tasks, wrong=True), tok,
-                            [RolloutSpec(tasks[0], "claude_code", 0)], timeout_s=240, max_turns=40)
-    idle, _ = run_rollouts(tmp_path / "idle", ReplayEngine(["Done."], tok, cycle=True), tok,
-                           [RolloutSpec(tasks[0], "claude_code", 0)], timeout_s=240)
+    wrong, _ = run_rollouts(
+        tmp_path / "wrong",
+        _engine(tok, tasks, wrong=True),
+        tok,
+        [RolloutSpec(tasks[0], "claude_code", 0)],
+        timeout_s=240,
+        max_turns=40,
+    )
+    idle, _ = run_rollouts(
+        tmp_path / "idle",
+        ReplayEngine(["Done."], tok, cycle=True),
+        tok,
+        [RolloutSpec(tasks[0], "claude_code", 0)],
+        timeout_s=240,
+    )
     assert (wrong[0].status, wrong[0].reward) == ("ok", 0.0), wrong[0].message
     assert wrong[0].meta["web"]["actions"] == 1  # it did book: the wrong time
     assert (idle[0].status, idle[0].reward) == ("ok", 0.0) and idle[0].meta["web"]["requests"] == 0
@@ -136,8 +151,16 @@ def _host_server() -> tuple[int, callable]:
 
 
 def _dump_dom(url: str) -> list[str]:
-    return ["/usr/bin/timeout", "60", browser.CHROMIUM, "--headless", *browser.CHROMIUM_ARGS,
-            "--user-data-dir=/tmp/chromium-profile", "--dump-dom", url]
+    return [
+        "/usr/bin/timeout",
+        "60",
+        browser.CHROMIUM,
+        "--headless",
+        *browser.CHROMIUM_ARGS,
+        "--user-data-dir=/tmp/chromium-profile",
+        "--dump-dom",
+        url,
+    ]
 
 
 @pytest.mark.parametrize("backend_name", ["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
@@ -152,15 +175,27 @@ def test_browser_reaches_only_the_app_and_sees_none_of_its_state(tmp_path, backe
         backend = get_backend(backend_name)
         app = await webenv.start(backend, web, tmp_path / "webenv", name="iso-app", wall_s=200)
         ws, home = tmp_path / "ws", tmp_path / "home"
-        spec = SandboxSpec(workspace=ws, home=home, limits=Limits(memory_mb=2048, pids=1024, wall_s=200), name="iso",
-                           app_ports={web.port: app.socket})
+        spec = SandboxSpec(
+            workspace=ws,
+            home=home,
+            limits=Limits(memory_mb=2048, pids=1024, wall_s=200),
+            name="iso",
+            app_ports={web.port: app.socket},
+        )
         sbx = await backend.create(spec)
         try:
             app_dom = await sbx.exec(_dump_dom(web.start_url), timeout=90)
             host_dom = await sbx.exec(_dump_dom(f"http://127.0.0.1:{host_port}/"), timeout=90)
-            look = await sbx.exec(["/bin/sh", "-c", "ls /srv/hrl-app /srv/hrl-env 2>&1; "
-                                   f"ls {tmp_path / 'webenv'} 2>&1; find / -xdev \\( -name site.json -o -name "
-                                   "state.json -o -name expected.json \\) 2>/dev/null; echo END"], timeout=60)
+            look = await sbx.exec(
+                [
+                    "/bin/sh",
+                    "-c",
+                    "ls /srv/hrl-app /srv/hrl-env 2>&1; "
+                    f"ls {tmp_path / 'webenv'} 2>&1; find / -xdev \\( -name site.json -o -name "
+                    "state.json -o -name expected.json \\) 2>/dev/null; echo END",
+                ],
+                timeout=60,
+            )
         finally:
             await sbx.close()
             await app.stop()
@@ -184,7 +219,8 @@ FORGE = [
     "timeout 3 python3 -m http.server 8000 --bind 127.0.0.1 2>&1 | tail -1; "
     "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)\"",
     # 3. look for the app's files and state anywhere it could reach
-    "find / -xdev \\( -name state.json -o -name site.json \\) -not -path '*/reward/*' 2>/dev/null | head; echo searched",
+    "find / -xdev \\( -name state.json -o -name site.json \\) -not -path '*/reward/*' 2>/dev/null | head; "
+    "echo searched",
 ]
 
 
@@ -210,4 +246,3 @@ def test_forging_the_app_state_does_not_pay(tmp_path, qwen3_tokenizer_dir):
     outputs = "".join(tok.decode(c.prompt_ids) for c in calls[-1:])
     assert "Address already in use" in outputs and "searched" in outputs  # the attacks ran
     assert "/srv/hrl-env" not in outputs and "site.json" not in outputs.split("searched")[-2][-400:]
-

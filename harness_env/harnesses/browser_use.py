@@ -62,7 +62,8 @@ class BrowserUse(Harness):
             "HRL_MAX_STEPS": str(ctx.max_turns), "HRL_CHROMIUM": web_browser.CHROMIUM,
             "HRL_CHROMIUM_ARGS": json.dumps(list(web_browser.CHROMIUM_ARGS)),
             "ANONYMIZED_TELEMETRY": "false", "BROWSER_USE_CLOUD_SYNC": "false", "BROWSER_USE_VERSION_CHECK": "false",
-            "BROWSER_USE_CLOUD_HINTS": "false", "BROWSER_USE_SETUP_LOGGING": "true", "BROWSER_USE_LOGGING_LEVEL": "info",
+            "BROWSER_USE_CLOUD_HINTS": "false", "BROWSER_USE_SETUP_LOGGING": "true",
+            "BROWSER_USE_LOGGING_LEVEL": "info",
             "SKIP_LLM_API_KEY_VERIFICATION": "true", "IN_DOCKER": "true", "OPENAI_API_KEY": ctx.api_key,
             "XDG_CONFIG_HOME": f"{ctx.home}/.config", "XDG_CACHE_HOME": f"{ctx.home}/.cache",
         }

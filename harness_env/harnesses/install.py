@@ -172,7 +172,8 @@ async def _run(argv: list[str], timeout_s: float, what: str) -> None:
         raise InstallError(f"{what} exited {proc.returncode}:\n{out.decode(errors='replace')[-2000:]}")
 
 
-async def ensure_py_installed(pkg: PyPackage, *, root: pathlib.Path | None = None, timeout_s: float = 1800.0) -> pathlib.Path:
+async def ensure_py_installed(pkg: PyPackage, *, root: pathlib.Path | None = None,
+                             timeout_s: float = 1800.0) -> pathlib.Path:
     """A venv with `pkg` (built in a temp dir, renamed into place, under a lock); returns its python."""
     root = root or py_root()
     final = py_dir(pkg, root)

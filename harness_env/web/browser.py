@@ -25,10 +25,20 @@ import pathlib
 from harness_env.harnesses.install import NpmPackage, install_dir
 
 CHROMIUM = "/usr/lib/chromium/chromium"  # Debian's binary (/usr/bin/chromium is a shell wrapper around it)
-CHROMIUM_ARGS = ("--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
-                 "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-breakpad", "--disable-crash-reporter", "--metrics-recording-only",
-                 "--password-store=basic")
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-gpu",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-breakpad",
+    "--disable-crash-reporter",
+    "--metrics-recording-only",
+    "--password-store=basic",
+)
 VIEWPORT = {"width": 1280, "height": 800}
 PLAYWRIGHT_MCP = NpmPackage("@playwright/mcp", "0.0.83", "node_modules/@playwright/mcp/cli.js")
 NODE = "/usr/bin/node"
@@ -39,8 +49,16 @@ HERE = pathlib.Path(__file__).resolve().parent
 RECORDER = HERE / "mcp_recorder.py"
 MCP_SERVER_NAME = "playwright"
 # Tools that only read (no screenshot after them): the page did not change.
-READ_ONLY_TOOLS = ("browser_snapshot", "browser_take_screenshot", "browser_console_messages", "browser_network_requests",
-                   "browser_network_request", "browser_close", "browser_tabs", "browser_find")
+READ_ONLY_TOOLS = (
+    "browser_snapshot",
+    "browser_take_screenshot",
+    "browser_console_messages",
+    "browser_network_requests",
+    "browser_network_request",
+    "browser_close",
+    "browser_tabs",
+    "browser_find",
+)
 
 
 def chromium_available() -> tuple[bool, str]:
@@ -57,10 +75,17 @@ def mounts() -> list[pathlib.Path]:
 def mcp_config(ctx) -> dict:  # noqa: ANN001 - harnesses.base.SessionContext
     """@playwright/mcp's config file (its documented `--config` format)."""
     return {
-        "browser": {"browserName": "chromium", "isolated": True,
-                    "launchOptions": {"executablePath": CHROMIUM, "headless": True, "chromiumSandbox": False,
-                                      "args": list(CHROMIUM_ARGS)},
-                    "contextOptions": {"viewport": VIEWPORT}},
+        "browser": {
+            "browserName": "chromium",
+            "isolated": True,
+            "launchOptions": {
+                "executablePath": CHROMIUM,
+                "headless": True,
+                "chromiumSandbox": False,
+                "args": list(CHROMIUM_ARGS),
+            },
+            "contextOptions": {"viewport": VIEWPORT},
+        },
         "network": {"allowedOrigins": list(ctx.web.origins)},
         "outputDir": f"{ctx.home}/{HRL_DIR}/mcp-output",
         "imageResponses": "omit",  # the policy reads text (accessibility snapshots); screenshots are for people
@@ -79,11 +104,25 @@ def write_mcp_config(host_home: pathlib.Path, ctx) -> str:  # noqa: ANN001
 
 def mcp_server(ctx) -> tuple[str, list[str]]:  # noqa: ANN001
     """(command, args) of the browser MCP server as the CLI starts it: the recorder relaying to @playwright/mcp."""
-    server = [NODE, str(install_dir(PLAYWRIGHT_MCP) / PLAYWRIGHT_MCP.bin), "--config",
-              f"{ctx.home}/{HRL_DIR}/playwright-mcp.json"]
-    return "/usr/bin/python3", ["-I", "-S", str(RECORDER), "--screenshots", ctx.web.screenshots_dir,
-                                "--steps", ctx.web.steps_log, "--outdir", f"{ctx.home}/{HRL_DIR}/mcp-output",
-                                "--", *server]
+    server = [
+        NODE,
+        str(install_dir(PLAYWRIGHT_MCP) / PLAYWRIGHT_MCP.bin),
+        "--config",
+        f"{ctx.home}/{HRL_DIR}/playwright-mcp.json",
+    ]
+    return "/usr/bin/python3", [
+        "-I",
+        "-S",
+        str(RECORDER),
+        "--screenshots",
+        ctx.web.screenshots_dir,
+        "--steps",
+        ctx.web.steps_log,
+        "--outdir",
+        f"{ctx.home}/{HRL_DIR}/mcp-output",
+        "--",
+        *server,
+    ]
 
 
 def summarize_steps(logs_dir: pathlib.Path) -> dict:
@@ -100,6 +139,10 @@ def summarize_steps(logs_dir: pathlib.Path) -> dict:
                 steps.append(obj)
     shots = sorted((logs_dir / "home" / SCREENSHOTS).glob("*.png")) if (logs_dir / "home").is_dir() else []
     failed = [i for i, s in enumerate(steps) if s.get("ok") is False]
-    return {"browser_steps": len(steps), "browser_failed_steps": len(failed), "screenshots": len(shots),
-            "urls_visited": len({s.get("url") for s in steps if s.get("url")}),
-            "browser_recovered": (any(any(t.get("ok") for t in steps[i + 1:]) for i in failed) if failed else None)}
+    return {
+        "browser_steps": len(steps),
+        "browser_failed_steps": len(failed),
+        "screenshots": len(shots),
+        "urls_visited": len({s.get("url") for s in steps if s.get("url")}),
+        "browser_recovered": (any(any(t.get("ok") for t in steps[i + 1 :]) for i in failed) if failed else None),
+    }

@@ -149,20 +149,38 @@ class RunningEnv:
 
 def env_spec(web: WebEnv, host_dir: pathlib.Path, *, name: str, wall_s: float, labels: dict) -> SandboxSpec:
     lim = Limits(cpus=1.0, memory_mb=int(web.memory_mb), pids=256, wall_s=wall_s, workspace_mb=None, home_mb=64)
-    return SandboxSpec(workspace=host_dir, home=None, limits=lim, name=name, shim=False, workspace_dir=ENV_WS_IN,
-                       mounts=[Mount(str(web.root.resolve()), APP_IN), Mount(str(FORWARDER_HOST), FORWARDER_IN)],
-                       labels={**labels, "harness-rl.role": "web-env"})
+    return SandboxSpec(
+        workspace=host_dir,
+        home=None,
+        limits=lim,
+        name=name,
+        shim=False,
+        workspace_dir=ENV_WS_IN,
+        mounts=[Mount(str(web.root.resolve()), APP_IN), Mount(str(FORWARDER_HOST), FORWARDER_IN)],
+        labels={**labels, "harness-rl.role": "web-env"},
+    )
 
 
-async def start(backend: Backend, web: WebEnv, host_dir: pathlib.Path, *, name: str, wall_s: float,
-                labels: dict | None = None) -> RunningEnv:
+async def start(
+    backend: Backend, web: WebEnv, host_dir: pathlib.Path, *, name: str, wall_s: float, labels: dict | None = None
+) -> RunningEnv:
     """Starts the app in its own sandbox and waits until it answers. Raises WebEnvError (the app exited or never
     answered) or SandboxError (infrastructure)."""
     for sub in ("state", "run"):
         (host_dir / sub).mkdir(parents=True, exist_ok=True)
     sbx = await backend.create(env_spec(web, host_dir, name=name, wall_s=wall_s, labels=labels or {}))
-    argv = ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, "--listen-unix", f"{ENV_WS_IN}/run/app.sock",
-            "--socket", f"127.0.0.1:{web.port}", "--", *web.command]
+    argv = [
+        "/usr/bin/python3",
+        "-I",
+        "-S",
+        FORWARDER_IN,
+        "--listen-unix",
+        f"{ENV_WS_IN}/run/app.sock",
+        "--socket",
+        f"127.0.0.1:{web.port}",
+        "--",
+        *web.command,
+    ]
     env = {"HRL_STATE_DIR": f"{ENV_WS_IN}/state", "PORT": str(web.port)}
     task = asyncio.ensure_future(sbx.exec(argv, env=env, cwd=APP_IN, timeout=wall_s))
     running = RunningEnv(web, host_dir, sbx, task)
@@ -190,7 +208,9 @@ async def wait_ready(env: RunningEnv) -> None:
         except OSError as e:
             last = f"{type(e).__name__}: {e}"
         await asyncio.sleep(0.1)
-    raise WebEnvError(f"the web app did not answer {env.web.ready_path} within {env.web.startup_timeout_s:.0f}s ({last})")
+    raise WebEnvError(
+        f"the web app did not answer {env.web.ready_path} within {env.web.startup_timeout_s:.0f}s ({last})"
+    )
 
 
 async def probe(sock: str | pathlib.Path, path: str, port: int, timeout: float = 5.0) -> int:
@@ -240,8 +260,15 @@ def summarize(state_dir: pathlib.Path) -> dict:
     gets = [e for e in log if e.get("method") == "GET" and isinstance(e.get("status"), int) and e["status"] < 400]
     posts = [e for e in log if e.get("method") == "POST"]
     failed = [i for i, e in enumerate(log) if e.get("method") == "POST" and int(e.get("status") or 0) >= 400]
-    recovered = any(any(e.get("method") == "POST" and int(e.get("status") or 0) < 400 for e in log[i + 1:])
-                    for i in failed)
-    return {"state": True, "requests": len(log) + int(state.get("log_dropped") or 0),
-            "pages_visited": len({str(e.get("path")) for e in gets}), "page_views": len(gets), "actions": len(posts),
-            "failed_actions": len(failed), "recovered": recovered if failed else None}
+    recovered = any(
+        any(e.get("method") == "POST" and int(e.get("status") or 0) < 400 for e in log[i + 1 :]) for i in failed
+    )
+    return {
+        "state": True,
+        "requests": len(log) + int(state.get("log_dropped") or 0),
+        "pages_visited": len({str(e.get("path")) for e in gets}),
+        "page_views": len(gets),
+        "actions": len(posts),
+        "failed_actions": len(failed),
+        "recovered": recovered if failed else None,
+    }

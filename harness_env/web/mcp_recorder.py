@@ -22,8 +22,16 @@ import sys
 import threading
 import time
 
-READ_ONLY = {"browser_snapshot", "browser_take_screenshot", "browser_console_messages", "browser_network_requests",
-             "browser_network_request", "browser_close", "browser_tabs", "browser_find"}
+READ_ONLY = {
+    "browser_snapshot",
+    "browser_take_screenshot",
+    "browser_console_messages",
+    "browser_network_requests",
+    "browser_network_request",
+    "browser_close",
+    "browser_tabs",
+    "browser_find",
+}
 URL = re.compile(r"Page URL: (\S+)")
 
 
@@ -58,7 +66,11 @@ class Relay:
                 msg = None
             if isinstance(msg, dict) and msg.get("method") == "tools/call" and "id" in msg:
                 p = msg.get("params") or {}
-                self.pending[json.dumps(msg["id"])] = (str(p.get("name", "")), p.get("arguments") or {}, time.monotonic())
+                self.pending[json.dumps(msg["id"])] = (
+                    str(p.get("name", "")),
+                    p.get("arguments") or {},
+                    time.monotonic(),
+                )
             try:
                 self.to_server(line)
             except (BrokenPipeError, ValueError):
@@ -89,8 +101,15 @@ class Relay:
         text = " ".join(c.get("text", "") for c in result.get("content", []) if isinstance(c, dict))
         self.step += 1
         url = URL.search(text)
-        rec = {"step": self.step, "tool": tool, "arguments": arguments, "ok": "error" not in msg and not result.get("isError"),
-               "url": url.group(1) if url else None, "t": round(t0 - self.t_start, 3), "screenshot": None}
+        rec = {
+            "step": self.step,
+            "tool": tool,
+            "arguments": arguments,
+            "ok": "error" not in msg and not result.get("isError"),
+            "url": url.group(1) if url else None,
+            "t": round(t0 - self.t_start, 3),
+            "screenshot": None,
+        }
         if tool.split("__")[-1] in READ_ONLY:
             self.log(rec)
             self.to_client(line)
@@ -98,8 +117,14 @@ class Relay:
         sid = f"hrl-shot-{self.step}"
         self.held[json.dumps(sid)] = (line, rec, set(os.listdir(self.args.outdir)))
         try:
-            self.to_server({"jsonrpc": "2.0", "id": sid, "method": "tools/call",
-                            "params": {"name": "browser_take_screenshot", "arguments": {"type": "png"}}})
+            self.to_server(
+                {
+                    "jsonrpc": "2.0",
+                    "id": sid,
+                    "method": "tools/call",
+                    "params": {"name": "browser_take_screenshot", "arguments": {"type": "png"}},
+                }
+            )
         except (BrokenPipeError, ValueError):
             self.shot_done(json.dumps(sid), {"error": "server gone"})
 
@@ -107,8 +132,10 @@ class Relay:
         line, rec, before = self.held.pop(key, (None, None, set()))
         if line is None:
             return
-        new = sorted((f for f in os.listdir(self.args.outdir) if f.endswith(".png") and f not in before),
-                     key=lambda f: os.path.getmtime(os.path.join(self.args.outdir, f)))
+        new = sorted(
+            (f for f in os.listdir(self.args.outdir) if f.endswith(".png") and f not in before),
+            key=lambda f: os.path.getmtime(os.path.join(self.args.outdir, f)),
+        )
         if new and "error" not in msg:
             name = f"step_{rec['step']:03d}.png"
             shutil.move(os.path.join(self.args.outdir, new[-1]), os.path.join(self.args.screenshots, name))
@@ -128,7 +155,7 @@ def main(argv):
     cmd = []
     if "--" in argv:
         i = argv.index("--")
-        argv, cmd = argv[:i], argv[i + 1:]
+        argv, cmd = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser()
     p.add_argument("--screenshots", required=True)
     p.add_argument("--steps", required=True)

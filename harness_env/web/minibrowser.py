@@ -63,15 +63,30 @@ class _Parser(html.parser.HTMLParser):
             self.forms.append(Form(a.get("action", ""), a.get("method", "get").lower()))
             self._form = len(self.forms) - 1
         elif tag == "input":
-            c = Control("input", a.get("name", ""), a.get("type", "text").lower(), a.get("value", ""), "checked" in a,
-                        a.get("id", ""), form=self._form)
+            c = Control(
+                "input",
+                a.get("name", ""),
+                a.get("type", "text").lower(),
+                a.get("value", ""),
+                "checked" in a,
+                a.get("id", ""),
+                form=self._form,
+            )
             self.controls.append(c)
             for kind, obj, _ in self._text:
                 if kind == "label" and isinstance(obj, list):
                     obj.append(c)  # a control wrapped by its label
         elif tag in ("select", "textarea", "button"):
-            c = Control(tag, a.get("name", ""), a.get("type", "submit") if tag == "button" else tag, "", False, a.get("id", ""), a.get("aria-label", ""),
-                        form=self._form)
+            c = Control(
+                tag,
+                a.get("name", ""),
+                a.get("type", "submit") if tag == "button" else tag,
+                "",
+                False,
+                a.get("id", ""),
+                a.get("aria-label", ""),
+                form=self._form,
+            )
             self.controls.append(c)
             self._text.append((tag, c, []))
         elif tag == "option":
@@ -164,8 +179,14 @@ class MiniBrowser:
         if self.page is None:
             raise StepError(f"{op} before any page was opened")
         if op == "fill":
-            c = self._control(lambda c: c.label == s["label"] and c.tag in ("input", "textarea")
-                              and c.type not in ("radio", "checkbox", "hidden", "submit"), f"textbox {s['label']!r}")
+            c = self._control(
+                lambda c: (
+                    c.label == s["label"]
+                    and c.tag in ("input", "textarea")
+                    and c.type not in ("radio", "checkbox", "hidden", "submit")
+                ),
+                f"textbox {s['label']!r}",
+            )
             c.value = s["value"]
         elif op == "select":
             c = self._control(lambda c: c.tag == "select" and c.label == s["label"], f"combobox {s['label']!r}")
@@ -174,8 +195,10 @@ class MiniBrowser:
                 raise StepError(f"combobox {s['label']!r} has no option {s['value']!r}")
             c.value = val
         elif op in ("check", "uncheck"):
-            c = self._control(lambda c: c.tag == "input" and c.type == s["role"] and c.label == s["name"],
-                              f"{s['role']} {s['name']!r}")
+            c = self._control(
+                lambda c: c.tag == "input" and c.type == s["role"] and c.label == s["name"],
+                f"{s['role']} {s['name']!r}",
+            )
             if c.type == "radio":
                 for o in self.page.controls:
                     if o.type == "radio" and o.name == c.name and o.form == c.form:

@@ -93,7 +93,10 @@ def mcp_reply(prompt: str, plan: list[dict], final: str) -> str:
     if step["op"] == "fill":
         call = {"name": tools["type"], "arguments": {"element": what, "target": ref, "text": step["value"]}}
     elif step["op"] == "select":
-        call = {"name": tools["select_option"], "arguments": {"element": what, "target": ref, "values": [step["value"]]}}
+        call = {
+            "name": tools["select_option"],
+            "arguments": {"element": what, "target": ref, "values": [step["value"]]},
+        }
     elif step["op"] in ("check", "uncheck") and ("[checked]" in attrs) == (step["op"] == "check"):
         call = {"name": tools["snapshot"], "arguments": {}}  # already as wanted: a harmless look instead of a toggle
     else:
@@ -124,7 +127,7 @@ def _last_snapshot(prompt: str) -> str:
 # ---- browser-use ------------------------------------------------------------------------------------
 def bu_elements(prompt: str) -> list[dict]:
     """browser-use's element list of the LAST browser_state: elements (index, tag, attrs, text) and text lines."""
-    state = prompt[prompt.rfind("<browser_state>"):]
+    state = prompt[prompt.rfind("<browser_state>") :]
     items: list[dict] = []
     for raw in state.splitlines():
         m = BU_ELEMENT.search(raw)
@@ -157,9 +160,12 @@ def bu_find(items: list[dict], step: dict) -> int | None:
     tags = ("select",) if op == "select" else ("input", "textarea")
     for i, it in enumerate(items):
         if it["index"] is None and it["text"] == name:
-            for nxt in items[i + 1:]:
-                if nxt["index"] is not None and nxt["tag"] in tags and nxt["attrs"].get("type") not in (
-                        "radio", "checkbox", "hidden", "submit"):
+            for nxt in items[i + 1 :]:
+                if (
+                    nxt["index"] is not None
+                    and nxt["tag"] in tags
+                    and nxt["attrs"].get("type") not in ("radio", "checkbox", "hidden", "submit")
+                ):
                     return nxt["index"]
     return None
 
@@ -167,8 +173,14 @@ def bu_find(items: list[dict], step: dict) -> int | None:
 def bu_reply(prompt: str, plan: list[dict], final: str) -> str:
     m = list(BU_STEP.finditer(prompt))
     k = int(m[-1].group(1)) - 1 if m else 0
-    out = {"thinking": "", "evaluation_previous_goal": "ok", "memory": "", "next_goal": "",
-           "current_plan_item": 0, "plan_update": None}
+    out = {
+        "thinking": "",
+        "evaluation_previous_goal": "ok",
+        "memory": "",
+        "next_goal": "",
+        "current_plan_item": 0,
+        "plan_update": None,
+    }
     if k >= len(plan):
         return json.dumps({**out, "action": [{"done": {"text": final, "success": True}}]})
     step = plan[k]

@@ -47,30 +47,40 @@ def field(label, name, value="", kind="text", extra=""):
 
 
 def select(label, name, options, selected=""):
-    opts = "".join(f'<option value="{esc(o)}"{" selected" if o == selected else ""}>{esc(o or "-- choose --")}</option>'
-                   for o in ["", *options])
-    return f'<p><label for="{fid(name)}">{esc(label)}</label> <select id="{fid(name)}" name="{esc(name)}">{opts}</select></p>'
+    opts = "".join(
+        f'<option value="{esc(o)}"{" selected" if o == selected else ""}>{esc(o or "-- choose --")}</option>'
+        for o in ["", *options]
+    )
+    sel = f'<select id="{fid(name)}" name="{esc(name)}">{opts}</select>'
+    return f'<p><label for="{fid(name)}">{esc(label)}</label> {sel}</p>'
 
 
 def radios(legend, name, options, selected=""):
-    items = "".join(f'<label><input type="radio" name="{esc(name)}" value="{esc(o)}"{" checked" if o == selected else ""}>'
-                    f" {esc(o)}</label><br>" for o in options)
+    items = "".join(
+        f'<label><input type="radio" name="{esc(name)}" value="{esc(o)}"{" checked" if o == selected else ""}>'
+        f" {esc(o)}</label><br>"
+        for o in options
+    )
     return f"<fieldset><legend>{esc(legend)}</legend>{items}</fieldset>"
 
 
 def checkbox(label, name, checked=False, value="on"):
-    return (f'<p><label><input type="checkbox" name="{esc(name)}" value="{esc(value)}"{" checked" if checked else ""}>'
-            f" {esc(label)}</label></p>")
+    return (
+        f'<p><label><input type="checkbox" name="{esc(name)}" value="{esc(value)}"{" checked" if checked else ""}>'
+        f" {esc(label)}</label></p>"
+    )
 
 
 def form(action, inner, button, method="post"):
-    return f'<form method="{method}" action="{esc(action)}">{inner}<p><button type="submit">{esc(button)}</button></p></form>'
+    submit = f'<p><button type="submit">{esc(button)}</button></p>'
+    return f'<form method="{method}" action="{esc(action)}">{inner}{submit}</form>'
 
 
 def action_button(action, label, hidden=None):
     """A one-button form (a POST that acts on one item); `label` is the button's unique accessible name."""
     fields = "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">' for k, v in (hidden or {}).items())
-    return f'<form method="post" action="{esc(action)}" class="inline">{fields}<button type="submit">{esc(label)}</button></form>'
+    submit = f'<button type="submit">{esc(label)}</button>'
+    return f'<form method="post" action="{esc(action)}" class="inline">{fields}{submit}</form>'
 
 
 def link(href, text):
@@ -120,9 +130,11 @@ class Site:
     def page(self, heading, body, status=200, error=""):
         nav = " | ".join(link(h, t) for h, t in NAV.get(self.kind, [("/", "Home")]))
         alert = f'<div role="alert"><p>{esc(error)}</p></div>' if error else ""
-        doc = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(heading)} - {esc(self.title)}"
-               f"</title></head><body><header><p>{esc(self.title)}</p><nav aria-label=\"Main\">{nav}</nav></header>"
-               f"<main><h1>{esc(heading)}</h1>{alert}{body}</main></body></html>")
+        doc = (
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(heading)} - {esc(self.title)}'
+            f'</title></head><body><header><p>{esc(self.title)}</p><nav aria-label="Main">{nav}</nav></header>'
+            f"<main><h1>{esc(heading)}</h1>{alert}{body}</main></body></html>"
+        )
         return Reply(status, doc)
 
     def handle(self, method, path, query, form_data, cookies):
@@ -165,16 +177,21 @@ class Site:
             page = min(max(1, int(self.q("page", "1"))), pages)
         except ValueError:
             page = 1
-        return items[(page - 1) * per_page: page * per_page], page, pages
+        return items[(page - 1) * per_page : page * per_page], page, pages
 
     def home(self):
         raise self.page(self.title, "<p>Welcome. Use the menu above.</p>")
 
     # ---- contact ---------------------------------------------------------------------------------
     def contact_form(self, error="", status=200):
-        body = form("/contact", field("Name", "name", self.f("name")) + field("Email", "email", self.f("email"))
-                    + select("Topic", "topic", self.config["topics"], self.f("topic"))
-                    + field("Message", "message", self.f("message"), "textarea"), "Send message")
+        body = form(
+            "/contact",
+            field("Name", "name", self.f("name"))
+            + field("Email", "email", self.f("email"))
+            + select("Topic", "topic", self.config["topics"], self.f("topic"))
+            + field("Message", "message", self.f("message"), "textarea"),
+            "Send message",
+        )
         raise self.page("Contact us", body, status, error)
 
     def contact_post(self):
@@ -204,15 +221,27 @@ class Site:
         elif sort == "name":
             items.sort(key=lambda p: p["name"])
         shown, page, pages = self.page_of(items, self.config.get("per_page", 5))
-        rows = [[esc(p["name"]), esc(p["category"]), f"${p['price']:.2f}",
-                 action_button("/cart/add", f"Add {p['name']} to cart", {"sku": p["sku"]})] for p in shown]
+        rows = [
+            [
+                esc(p["name"]),
+                esc(p["category"]),
+                f"${p['price']:.2f}",
+                action_button("/cart/add", f"Add {p['name']} to cart", {"sku": p["sku"]}),
+            ]
+            for p in shown
+        ]
         extra = (f"&category={urllib.parse.quote(cat)}" if cat else "") + (f"&sort={sort}" if sort else "")
         cats = sorted({p["category"] for p in self.config["products"]})
-        filters = " | ".join([link("/products?sort=price", "Sort by price (low to high)"),
-                              link("/products?sort=name", "Sort by name")]
-                             + [link(f"/products?category={urllib.parse.quote(c)}", f"Show only {c}") for c in cats])
-        raise self.page("Products", f"<p>{filters}</p>" + table(["Product", "Category", "Price", ""], rows)
-                        + pager("/products", page, pages, extra))
+        filters = " | ".join(
+            [link("/products?sort=price", "Sort by price (low to high)"), link("/products?sort=name", "Sort by name")]
+            + [link(f"/products?category={urllib.parse.quote(c)}", f"Show only {c}") for c in cats]
+        )
+        raise self.page(
+            "Products",
+            f"<p>{filters}</p>"
+            + table(["Product", "Category", "Price", ""], rows)
+            + pager("/products", page, pages, extra),
+        )
 
     def cart_add(self):
         p = self.product(self.f("sku"))
@@ -234,8 +263,14 @@ class Site:
         rows = []
         for sku, qty in self.data["cart"].items():
             p = self.product(sku) or {"name": sku, "price": 0.0}
-            rows.append([esc(p["name"]), str(qty), f"${p['price'] * qty:.2f}",
-                         action_button("/cart/remove", f"Remove one {p['name']}", {"sku": sku})])
+            rows.append(
+                [
+                    esc(p["name"]),
+                    str(qty),
+                    f"${p['price'] * qty:.2f}",
+                    action_button("/cart/remove", f"Remove one {p['name']}", {"sku": sku}),
+                ]
+            )
         body = table(["Product", "Quantity", "Subtotal", ""], rows) if rows else "<p>Your cart is empty.</p>"
         if rows:
             body += f"<p>{link('/checkout', 'Proceed to checkout')}</p>"
@@ -245,8 +280,9 @@ class Site:
         if not self.data["cart"]:
             raise self.page("Checkout", "<p>Your cart is empty.</p>", 400, "Your cart is empty.")
         d = self.data.setdefault("draft", {}).get("shipping", {})
-        body = form("/checkout", "".join(field(lbl, k, self.f(k) or d.get(k, "")) for k, lbl in SHIPPING),
-                    "Continue to payment")
+        body = form(
+            "/checkout", "".join(field(lbl, k, self.f(k) or d.get(k, "")) for k, lbl in SHIPPING), "Continue to payment"
+        )
         raise self.page("Shipping address", body, status, error)
 
     def checkout_post(self):
@@ -259,7 +295,9 @@ class Site:
     def payment(self, error="", status=200):
         if "shipping" not in self.data.get("draft", {}):
             raise redirect("/checkout")
-        body = form("/checkout/payment", radios("Shipping method", "method", self.config["methods"]), "Continue to review")
+        body = form(
+            "/checkout/payment", radios("Shipping method", "method", self.config["methods"]), "Continue to review"
+        )
         raise self.page("Shipping method", body, status, error)
 
     def payment_post(self):
@@ -274,8 +312,11 @@ class Site:
             raise redirect("/checkout")
         s = draft["shipping"]
         items = ", ".join(f"{q} x {(self.product(k) or {'name': k})['name']}" for k, q in self.data["cart"].items())
-        body = (f"<p>Items: {esc(items)}</p><p>Ship to: {esc(s['full_name'])}, {esc(s['street'])}, {esc(s['city'])} "
-                f"{esc(s['zip'])}</p><p>Method: {esc(draft['method'])}</p>" + action_button("/checkout/place", "Place order"))
+        body = (
+            f"<p>Items: {esc(items)}</p><p>Ship to: {esc(s['full_name'])}, {esc(s['street'])}, {esc(s['city'])} "
+            f"{esc(s['zip'])}</p><p>Method: {esc(draft['method'])}</p>"
+            + action_button("/checkout/place", "Place order")
+        )
         raise self.page("Review your order", body)
 
     def place(self):
@@ -297,8 +338,12 @@ class Site:
         raise self.page("Inventory", table(["Item", "SKU", "In stock"], rows) + pager("/inventory", page, pages))
 
     def answer(self, error="", status=200):
-        raise self.page("Submit an answer", form("/answer", field("Answer", "answer", self.f("answer")), "Submit answer"),
-                        status, error)
+        raise self.page(
+            "Submit an answer",
+            form("/answer", field("Answer", "answer", self.f("answer")), "Submit answer"),
+            status,
+            error,
+        )
 
     def answer_post(self):
         if not self.f("answer"):
@@ -316,12 +361,18 @@ class Site:
             raise redirect("/login")
 
     def login(self, error="", status=200):
-        body = form("/login", field("Username", "username", self.f("username")) + field("Password", "password", "", "password"),
-                    "Sign in")
+        body = form(
+            "/login",
+            field("Username", "username", self.f("username")) + field("Password", "password", "", "password"),
+            "Sign in",
+        )
         raise self.page("Sign in", body, status, error)
 
     def login_post(self):
-        if (self.f("username"), self.req["form"].get("password", "")) != (self.config["username"], self.config["password"]):
+        if (self.f("username"), self.req["form"].get("password", "")) != (
+            self.config["username"],
+            self.config["password"],
+        ):
             self.login("Wrong username or password.", 401)
         sid = secrets.token_hex(16)
         self.sessions.add(sid)
@@ -331,29 +382,45 @@ class Site:
 
     def account(self):
         self.authed()
-        raise self.page("Your account", f"<ul><li>{link('/settings', 'Settings')}</li><li>{link('/profile', 'Profile')}</li></ul>")
+        raise self.page(
+            "Your account", f"<ul><li>{link('/settings', 'Settings')}</li><li>{link('/profile', 'Profile')}</li></ul>"
+        )
 
     def settings(self):
         self.authed()
         s = self.data["settings"]
-        body = form("/settings", field("Display name", "display_name", s["display_name"])
-                    + checkbox("Email newsletter", "newsletter", s["newsletter"]) + checkbox("Dark mode", "dark_mode", s["dark_mode"])
-                    + select("Language", "language", self.config["languages"], s["language"]), "Save settings")
+        body = form(
+            "/settings",
+            field("Display name", "display_name", s["display_name"])
+            + checkbox("Email newsletter", "newsletter", s["newsletter"])
+            + checkbox("Dark mode", "dark_mode", s["dark_mode"])
+            + select("Language", "language", self.config["languages"], s["language"]),
+            "Save settings",
+        )
         raise self.page("Settings", ("<p>Settings saved.</p>" if self.q("saved") else "") + body)
 
     def settings_post(self):
         self.authed()
         if not self.f("display_name") or self.f("language") not in self.config["languages"]:
             raise self.page("Settings", "", 400, "Display name and language are required.")
-        self.data["settings"] = {"display_name": self.f("display_name"), "newsletter": "newsletter" in self.req["form"],
-                                 "dark_mode": "dark_mode" in self.req["form"], "language": self.f("language")}
+        self.data["settings"] = {
+            "display_name": self.f("display_name"),
+            "newsletter": "newsletter" in self.req["form"],
+            "dark_mode": "dark_mode" in self.req["form"],
+            "language": self.f("language"),
+        }
         raise redirect("/settings?saved=1")
 
     def profile(self):
         self.authed()
         p = self.data["profile"]
-        body = form("/profile", field("Phone", "phone", p["phone"]) + field("City", "city", p["city"])
-                    + field("Bio", "bio", p["bio"], "textarea"), "Save profile")
+        body = form(
+            "/profile",
+            field("Phone", "phone", p["phone"])
+            + field("City", "city", p["city"])
+            + field("Bio", "bio", p["bio"], "textarea"),
+            "Save profile",
+        )
         raise self.page("Profile", ("<p>Profile saved.</p>" if self.q("saved") else "") + body)
 
     def profile_post(self):
@@ -410,8 +477,9 @@ class Site:
     def todo_add(self):
         if not self.f("title"):
             self.todos("Please enter a title for the new item.", 400)
-        self.data["todos"].append({"id": max([t["id"] for t in self.data["todos"]] + [0]) + 1, "title": self.f("title"),
-                                   "done": False})
+        self.data["todos"].append(
+            {"id": max([t["id"] for t in self.data["todos"]] + [0]) + 1, "title": self.f("title"), "done": False}
+        )
         raise redirect("/")
 
     def todo_item(self, tid):
@@ -431,9 +499,14 @@ class Site:
 
     # ---- booking ---------------------------------------------------------------------------------
     def book(self, error="", status=200):
-        body = form("/book", field("Name", "name", self.f("name")) + select("Date", "date", self.config["dates"], self.f("date"))
-                    + radios("Time", "time", self.config["times"], self.f("time"))
-                    + field("Party size", "party", self.f("party"), "number", ' min="1" max="12"'), "Book table")
+        body = form(
+            "/book",
+            field("Name", "name", self.f("name"))
+            + select("Date", "date", self.config["dates"], self.f("date"))
+            + radios("Time", "time", self.config["times"], self.f("time"))
+            + field("Party size", "party", self.f("party"), "number", ' min="1" max="12"'),
+            "Book table",
+        )
         raise self.page("Book a table", body, status, error)
 
     def book_post(self):
@@ -453,8 +526,13 @@ class Site:
         raise self.page("Forum", f"<ul>{items}</ul>")
 
     def new_post(self, error="", status=200):
-        body = form("/new", field("Title", "title", self.f("title")) + select("Category", "category", self.config["categories"],
-                    self.f("category")) + field("Body", "body", self.f("body"), "textarea"), "Publish post")
+        body = form(
+            "/new",
+            field("Title", "title", self.f("title"))
+            + select("Category", "category", self.config["categories"], self.f("category"))
+            + field("Body", "body", self.f("body"), "textarea"),
+            "Publish post",
+        )
         raise self.page("New post", body, status, error)
 
     def new_post_post(self):
@@ -466,8 +544,10 @@ class Site:
 
     # ---- admin: users ----------------------------------------------------------------------------
     def users(self):
-        rows = [[esc(u["name"]), esc(u["email"]), esc(u["role"]), link(f"/users/{u['id']}/delete", f"Delete {u['email']}")]
-                for u in self.data["users"]]
+        rows = [
+            [esc(u["name"]), esc(u["email"]), esc(u["role"]), link(f"/users/{u['id']}/delete", f"Delete {u['email']}")]
+            for u in self.data["users"]
+        ]
         raise self.page("Users", table(["Name", "Email", "Role", ""], rows))
 
     def user(self, uid):
@@ -478,8 +558,12 @@ class Site:
 
     def user_delete(self, uid):
         u = self.user(uid)
-        raise self.page("Delete user", f"<p>Delete {esc(u['name'])} ({esc(u['email'])})?</p>"
-                        + action_button(f"/users/{uid}/delete", "Confirm delete") + link("/users", "Cancel"))
+        raise self.page(
+            "Delete user",
+            f"<p>Delete {esc(u['name'])} ({esc(u['email'])})?</p>"
+            + action_button(f"/users/{uid}/delete", "Confirm delete")
+            + link("/users", "Cancel"),
+        )
 
     def user_delete_post(self, uid):
         self.data["users"].remove(self.user(uid))
@@ -488,9 +572,13 @@ class Site:
     # ---- survey ----------------------------------------------------------------------------------
     def survey(self, error="", status=200):
         feats = "".join(checkbox(f, "feature", False, f) for f in self.config["features"])
-        body = form("/survey", radios("Overall rating", "rating", self.config["ratings"])
-                    + f"<fieldset><legend>Which features do you use?</legend>{feats}</fieldset>"
-                    + field("Comments", "comments", self.f("comments"), "textarea"), "Submit survey")
+        body = form(
+            "/survey",
+            radios("Overall rating", "rating", self.config["ratings"])
+            + f"<fieldset><legend>Which features do you use?</legend>{feats}</fieldset>"
+            + field("Comments", "comments", self.f("comments"), "textarea"),
+            "Submit survey",
+        )
         raise self.page("Customer survey", body, status, error)
 
     def survey_post(self):
@@ -506,16 +594,27 @@ class Site:
     # ---- orders ----------------------------------------------------------------------------------
     def orders(self):
         shown, page, pages = self.page_of(self.data["orders"], self.config.get("per_page", 8))
-        rows = [[str(o["id"]), esc(o["customer"]), f"${o['total']:.2f}", esc(o["status"]),
-                 link(f"/orders/{o['id']}", f"Open order {o['id']}")] for o in shown]
-        raise self.page("Orders", table(["Order", "Customer", "Total", "Status", ""], rows) + pager("/orders", page, pages))
+        rows = [
+            [
+                str(o["id"]),
+                esc(o["customer"]),
+                f"${o['total']:.2f}",
+                esc(o["status"]),
+                link(f"/orders/{o['id']}", f"Open order {o['id']}"),
+            ]
+            for o in shown
+        ]
+        raise self.page(
+            "Orders", table(["Order", "Customer", "Total", "Status", ""], rows) + pager("/orders", page, pages)
+        )
 
     def order(self, oid, error="", status=200):
         o = next((o for o in self.data["orders"] if str(o["id"]) == oid), None)
         if o is None:
             raise self.page("Not found", "<p>No such order.</p>", 404)
-        body = (f"<p>Customer: {esc(o['customer'])}</p><p>Status: {esc(o['status'])}</p>"
-                + form(f"/orders/{oid}", select("New status", "status", self.config["statuses"]), "Update status"))
+        body = f"<p>Customer: {esc(o['customer'])}</p><p>Status: {esc(o['status'])}</p>" + form(
+            f"/orders/{oid}", select("New status", "status", self.config["statuses"]), "Update status"
+        )
         return o, self.page(f"Order {oid}", body, status, error)
 
     def order_get(self, oid):
@@ -532,26 +631,68 @@ class Site:
 SHIPPING = (("full_name", "Full name"), ("street", "Street address"), ("city", "City"), ("zip", "ZIP code"))
 COMMON = [("GET", "/", "home")]
 ROUTES = {
-    "contact": [("GET", "/contact", "contact_form"), ("POST", "/contact", "contact_post"), ("GET", "/contact/sent", "contact_sent")],
-    "shop": [("GET", "/products", "products"), ("POST", "/cart/add", "cart_add"), ("POST", "/cart/remove", "cart_remove"),
-             ("GET", "/cart", "cart"), ("GET", "/checkout", "checkout"), ("POST", "/checkout", "checkout_post"),
-             ("GET", "/checkout/payment", "payment"), ("POST", "/checkout/payment", "payment_post"),
-             ("GET", "/checkout/review", "review"), ("POST", "/checkout/place", "place"), ("GET", "/checkout/done", "done")],
-    "inventory": [("GET", "/inventory", "inventory"), ("GET", "/answer", "answer"), ("POST", "/answer", "answer_post"),
-                  ("GET", "/answer/sent", "answer_sent")],
-    "account": [("GET", "/login", "login"), ("POST", "/login", "login_post"), ("GET", "/account", "account"),
-                ("GET", "/settings", "settings"), ("POST", "/settings", "settings_post"), ("GET", "/profile", "profile"),
-                ("POST", "/profile", "profile_post")],
-    "articles": [("GET", "/search", "search"), ("GET", r"/article/(\d+)", "article"),
-                 ("POST", r"/article/(\d+)/bookmark", "bookmark"), ("GET", "/bookmarks", "bookmarks")],
-    "todo": [("GET", "/", "todos"), ("POST", "/todo/add", "todo_add"), ("POST", r"/todo/(\d+)/toggle", "todo_toggle"),
-             ("POST", r"/todo/(\d+)/delete", "todo_delete")],
+    "contact": [
+        ("GET", "/contact", "contact_form"),
+        ("POST", "/contact", "contact_post"),
+        ("GET", "/contact/sent", "contact_sent"),
+    ],
+    "shop": [
+        ("GET", "/products", "products"),
+        ("POST", "/cart/add", "cart_add"),
+        ("POST", "/cart/remove", "cart_remove"),
+        ("GET", "/cart", "cart"),
+        ("GET", "/checkout", "checkout"),
+        ("POST", "/checkout", "checkout_post"),
+        ("GET", "/checkout/payment", "payment"),
+        ("POST", "/checkout/payment", "payment_post"),
+        ("GET", "/checkout/review", "review"),
+        ("POST", "/checkout/place", "place"),
+        ("GET", "/checkout/done", "done"),
+    ],
+    "inventory": [
+        ("GET", "/inventory", "inventory"),
+        ("GET", "/answer", "answer"),
+        ("POST", "/answer", "answer_post"),
+        ("GET", "/answer/sent", "answer_sent"),
+    ],
+    "account": [
+        ("GET", "/login", "login"),
+        ("POST", "/login", "login_post"),
+        ("GET", "/account", "account"),
+        ("GET", "/settings", "settings"),
+        ("POST", "/settings", "settings_post"),
+        ("GET", "/profile", "profile"),
+        ("POST", "/profile", "profile_post"),
+    ],
+    "articles": [
+        ("GET", "/search", "search"),
+        ("GET", r"/article/(\d+)", "article"),
+        ("POST", r"/article/(\d+)/bookmark", "bookmark"),
+        ("GET", "/bookmarks", "bookmarks"),
+    ],
+    "todo": [
+        ("GET", "/", "todos"),
+        ("POST", "/todo/add", "todo_add"),
+        ("POST", r"/todo/(\d+)/toggle", "todo_toggle"),
+        ("POST", r"/todo/(\d+)/delete", "todo_delete"),
+    ],
     "booking": [("GET", "/book", "book"), ("POST", "/book", "book_post"), ("GET", "/book/confirmed", "booked")],
     "forum": [("GET", "/", "forum"), ("GET", "/new", "new_post"), ("POST", "/new", "new_post_post")],
-    "admin": [("GET", "/users", "users"), ("GET", r"/users/(\d+)/delete", "user_delete"),
-              ("POST", r"/users/(\d+)/delete", "user_delete_post")],
-    "survey": [("GET", "/survey", "survey"), ("POST", "/survey", "survey_post"), ("GET", "/survey/thanks", "survey_thanks")],
-    "orders": [("GET", "/orders", "orders"), ("GET", r"/orders/(\d+)", "order_get"), ("POST", r"/orders/(\d+)", "order_post")],
+    "admin": [
+        ("GET", "/users", "users"),
+        ("GET", r"/users/(\d+)/delete", "user_delete"),
+        ("POST", r"/users/(\d+)/delete", "user_delete_post"),
+    ],
+    "survey": [
+        ("GET", "/survey", "survey"),
+        ("POST", "/survey", "survey_post"),
+        ("GET", "/survey/thanks", "survey_thanks"),
+    ],
+    "orders": [
+        ("GET", "/orders", "orders"),
+        ("GET", r"/orders/(\d+)", "order_get"),
+        ("POST", r"/orders/(\d+)", "order_post"),
+    ],
 }
 NAV = {
     "contact": [("/", "Home"), ("/contact", "Contact us")],
@@ -603,8 +744,15 @@ def make_handler(site):
                 reply, sid = site.handle(method, url.path, query, Form(pairs), cookies)
                 if not self.headers.get(PROBE_HEADER):
                     secret = {"password"}
-                    site.record({"method": method, "path": url.path, "query": url.query, "status": reply.status,
-                                 "form": {k: ("***" if k in secret else v[:500]) for k, v in pairs}})
+                    site.record(
+                        {
+                            "method": method,
+                            "path": url.path,
+                            "query": url.query,
+                            "status": reply.status,
+                            "form": {k: ("***" if k in secret else v[:500]) for k, v in pairs},
+                        }
+                    )
             body = reply.body.encode()
             self.send_response(reply.status)
             if reply.location:
