@@ -251,7 +251,7 @@ def register(cls: type[Harness]) -> type[Harness]:
     return cls
 
 
-BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw")
+BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw", "browser_use")
 # Modules of this package that are infrastructure, not adapters.
 _NOT_ADAPTERS = {"base", "install", "local", "mock_endpoint", "scripted", "reference_agent"}
 
