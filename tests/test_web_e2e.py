@@ -126,6 +126,28 @@ def test_wrong_plan_and_doing_nothing_score_zero_in_a_real_browser(tmp_path, qwe
     assert (idle[0].status, idle[0].reward) == ("ok", 0.0) and idle[0].meta["web"]["requests"] == 0
 
 
+@pytest.mark.timeout(600)
+def test_recovery_after_a_failed_action_is_measured(tmp_path, qwen3_tokenizer_dir):
+    """Submitting the contact form empty first (the app answers 400), then filling it in: solved, and the rollout
+    reports one failed action and a recovery; launch.eval's aggregate counts it."""
+    from harness_env.eval import analytics
+    from research.models.tokenizer import load_tokenizer
+
+    _need("bwrap")
+    tok = load_tokenizer(qwen3_tokenizer_dir)
+    task = _tasks(tmp_path, [("contact_form", 1)])[0]
+    plan = json.loads((task / "solution" / "plan.json").read_text())
+    send = next(s for s in plan if s.get("name") == "Send message")
+    (task / "solution" / "plan.json").write_text(json.dumps([plan[0], plan[1], send, *plan[2:]]))
+    res, _ = run_rollouts(tmp_path, _engine(tok, [task]), tok, [RolloutSpec(task, "claude_code", 0)], timeout_s=240,
+                          max_turns=40)
+    r = res[0]
+    assert (r.status, r.reward) == ("ok", 1.0), (r.message, logs_of(tmp_path, r.rollout_id))
+    assert r.meta["web"]["failed_actions"] == 1 and r.meta["web"]["recovered"] is True
+    agg = analytics.web_aggregate(res)
+    assert agg["recovery_rate"] == 1.0 and agg["failed_actions_rollout_rate"] == 1.0
+
+
 # ---- isolation ------------------------------------------------------------------------------------------
 SECRET = "host-only-secret-7f3a"
 

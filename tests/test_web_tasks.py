@@ -384,3 +384,26 @@ def test_browser_use_output_parsing():
     out = bu.parse_output(ExecResult(0, line.replace('"done": true', '"done": false'), ""))
     assert not out.completed and "did not finish" in out.error
     assert not bu.parse_output(ExecResult(1, "Traceback", "boom", timed_out=True)).completed
+
+
+def test_web_aggregate_and_browser_step_summary(tmp_path):
+    from harness_env.eval import analytics
+    from harness_env.web import browser
+    from research.capture import RolloutResult
+
+    logs = tmp_path / "logs"
+    (logs / "home" / browser.SCREENSHOTS).mkdir(parents=True)
+    (logs / "home" / browser.SCREENSHOTS / "step_001.png").write_bytes(b"x")
+    steps = [{"tool": "browser_click", "ok": False, "url": "http://a/"}, {"tool": "browser_click", "ok": True,
+                                                                         "url": "http://a/b"}]
+    (logs / "home" / browser.STEPS_LOG).write_text("\n".join(json.dumps(s) for s in steps) + "\nnot json\n")
+    s = browser.summarize_steps(logs)
+    assert s == {"browser_steps": 2, "browser_failed_steps": 1, "screenshots": 1, "urls_visited": 2,
+                 "browser_recovered": True}
+    mk = lambda web: RolloutResult(rollout_id="r", group_id="g", harness="h", status="ok", reward=1.0,  # noqa: E731
+                                   meta={"web": web})
+    agg = analytics.web_aggregate([mk({**s, "actions": 2, "failed_actions": 1, "recovered": False}),
+                                   mk({"actions": 4, "failed_actions": 0, "recovered": None, "browser_steps": 4})])
+    assert agg["rollouts"] == 2 and agg["actions_mean"] == 3.0 and agg["recovery_rate"] == 0.0
+    assert agg["browser_recovery_rate"] == 1.0 and agg["failed_actions_rollout_rate"] == 0.5
+    assert analytics.web_aggregate([mk(None)]) == {"rollouts": 0}
