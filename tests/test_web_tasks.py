@@ -407,3 +407,33 @@ def test_web_aggregate_and_browser_step_summary(tmp_path):
     assert agg["rollouts"] == 2 and agg["actions_mean"] == 3.0 and agg["recovery_rate"] == 0.0
     assert agg["browser_recovery_rate"] == 1.0 and agg["failed_actions_rollout_rate"] == 0.5
     assert analytics.web_aggregate([mk(None)]) == {"rollouts": 0}
+
+
+def test_runner_statuses_for_web_tasks_without_a_browser_run(tmp_path, qwen3_tokenizer_dir):
+    """No browser starts here: a CLI harness on a web task and a browser agent on a CLI task are harness_error
+    (before any sandbox), an app that exits at start is task_error (with its output)."""
+    from rollout_kit import run_rollouts
+
+    from harness_env.runner import RolloutSpec
+    from harness_env.sandbox import get_backend
+    from harness_env.tasks import family
+    from research.models.tokenizer import load_tokenizer
+    from research.serving.replay import ReplayEngine
+
+    ok, why = get_backend("bwrap").available()
+    if not ok:
+        pytest.skip(why)
+    tok = load_tokenizer(qwen3_tokenizer_dir)
+    web = wf.write_task(tmp_path / "t", "todo", 0)
+    broken = wf.write_task(tmp_path / "t2", "todo", 1)
+    env = json.loads((broken / "env" / "env.json").read_text())
+    (broken / "env" / "env.json").write_text(json.dumps({**env, "command": ["/bin/sh", "-c", "echo boom >&2; exit 3"]}))
+    cli = family.write_task(tmp_path / "t", "a.txt", "apple")
+    specs = [RolloutSpec(web, "reference", 0), RolloutSpec(cli, "browser_use", 0),
+             RolloutSpec(broken, "claude_code", 0)]
+    res, calls = run_rollouts(tmp_path, ReplayEngine(["Done."], tok, cycle=True), tok, specs)
+    st = {r.rollout_id.split(".")[1]: (r.status, r.message) for r in res}
+    assert st["reference"][0] == "harness_error" and "no browser tools" in st["reference"][1]
+    assert st["browser_use"][0] == "harness_error" and "web tasks only" in st["browser_use"][1]
+    assert st["claude_code"][0] == "task_error" and "exited" in st["claude_code"][1] and "boom" in st["claude_code"][1]
+    assert not calls
