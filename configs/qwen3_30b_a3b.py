@@ -60,7 +60,14 @@ _MESHES = {
     "tpu": dict(data=1, fsdp=2, expert=8, tensor=1),
 }
 _ROWS = {"gpu": 8, "tpu": 16}
-CONTEXT = 32768  # the RL configs' serving context = packed row length
+# The RL configs: a packed row holds a whole rollout path (an agent session up to the serving context), and the
+# four real harnesses' prompts fit 16k (tests/test_harness_e2e.py). With 16k rows one 8x H200 host has no
+# headroom (AOT peak 130.9 of 131.3 GiB) and a v5p-32 slice does not fit (92.7 of 88.5 GiB): the expert
+# dispatch all-gathers every token of the expert group. So the RL targets are twice as large (measured, GRPO
+# with KL + routing replay, 48 layers): 2 hosts x 8 H200 (fsdp=2, 92.7 GiB) and a v5p-64 slice (fsdp=4, 72.6).
+CONTEXT = 16384
+_RL_MESHES = {"gpu": dict(data=1, fsdp=2, expert=8, tensor=1), "tpu": dict(data=1, fsdp=4, expert=8, tensor=1)}
+_RL_ROWS = {"gpu": 16, "tpu": 32}
 # Per-device memory of each target (vendor figures, decimal GB): what research/train/aot.py checks a step against.
 _DEVICES = {"gpu": dict(kind="H200", memory_gb=141.0), "tpu": dict(kind="TPU v5p", memory_gb=95.0)}
 
@@ -105,14 +112,14 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
 
     base = get_config(target)
     config = demo_cpu.get_config()
-    for key in ("model", "mesh", "device", "optim"):
+    for key in ("model", "device", "optim"):
         config[key] = base[key]
+    config.mesh = ml_collections.ConfigDict(_RL_MESHES[target])
     config.name = f"qwen3_30b_a3b_rl_{target}"
     config.init_checkpoint = ""  # HF checkpoint dir of Qwen/Qwen3-30B-A3B (required)
     config.algo = "grpo"
-    # A packed row must hold the longest rollout path (a whole agent session up to the serving context):
-    # 32k-token rows and a 32k serving context (engine.max_len; the SGLang server's --context-length).
-    config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=CONTEXT,
+    # one row of CONTEXT tokens per device; engine.max_len = the serving context (SGLang: --context-length)
+    config.train.update(steps=300, batch_rows=_RL_ROWS[target], row_len=CONTEXT,
                         logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
     config.engine.update(max_len=CONTEXT)
     config.train.batch_axes = ("data", "fsdp", "expert")

@@ -111,7 +111,8 @@ def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path, parity_tas
     cfg = _config(kl_coef=0.1)
     tasks = parity_tasks(tmp_path / "tasks", n=2)
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
-    cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=1)
+    # 2 groups of 4: some reward signal at every step (a step without any would not move the policy)
+    cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=2, group_size=4)
     cfg.train.update(steps=1)
     wd = tmp_path / "run"
     assert train(cfg, wd)["rl_step"] == 1

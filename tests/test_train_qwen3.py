@@ -167,5 +167,5 @@ def test_make_mesh_errors():
         make_mesh(dict(data=2, fsdp=2, expert=2, tensor=2), jax.devices()[:8])
     with pytest.raises(ValueError, match="not divisible"):
         make_mesh(dict(data=-1, fsdp=3, expert=1, tensor=1), jax.devices()[:8])
-    with pytest.raises(ValueError, match="at most one axis"):
+    with pytest.raises(ValueError, match="at most one mesh axis"):
         make_mesh(dict(data=-1, fsdp=-1, expert=1, tensor=1))

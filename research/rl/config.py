@@ -350,15 +350,13 @@ def _one_of(value: str, known, where: str) -> None:
 
 
 def mesh_sizes(mesh: dict, num_devices: int) -> dict[str, int]:
-    """The mesh with its -1 axis resolved; errors name the mesh and the device count."""
-    sizes = dict(mesh)
-    free = [a for a, s in sizes.items() if s == -1]
-    _check(len(free) <= 1, f"config.mesh {mesh}: at most one axis may be -1")
-    _check(all(s >= 1 for a, s in sizes.items() if a not in free), f"config.mesh {mesh}: sizes must be >= 1 or -1")
-    known = math.prod(s for s in sizes.values() if s != -1)
-    if free:
-        _check(num_devices % known == 0, f"config.mesh {mesh}: {num_devices} devices not divisible by {known}")
-        sizes[free[0]] = num_devices // known
+    """The mesh with its -1 axis resolved (research/models/sharding.mesh_shape); errors name config.mesh."""
+    from research.models.sharding import mesh_shape
+
+    try:
+        sizes = mesh_shape(mesh, num_devices)
+    except ValueError as e:
+        raise RunConfigError(f"config.mesh {mesh}: {e}") from None
     _check(math.prod(sizes.values()) <= num_devices,
            f"config.mesh {mesh} needs {math.prod(sizes.values())} devices, have {num_devices}")
     return sizes
