@@ -148,6 +148,34 @@ def test_recovery_after_a_failed_action_is_measured(tmp_path, qwen3_tokenizer_di
     assert agg["recovery_rate"] == 1.0 and agg["failed_actions_rollout_rate"] == 1.0
 
 
+@pytest.mark.timeout(600)
+def test_launch_eval_reports_web_tasks(tmp_path, qwen3_tokenizer_dir):
+    """launch.eval's library path on `--tasks=web:heldout:2 --harness=codex --k=2 --endpoint=oracle`: the seeded
+    held-out sample, the oracle playing each task's plan through the browser, pass@k per harness and category, and
+    the web behaviour (pages visited, actions, browser steps, screenshots) in the report."""
+    from harness_env.eval.run import build_engine, evaluate, task_dirs
+    from harness_env.runner import RunnerConfig
+    from research.models.tokenizer import load_tokenizer
+
+    _need("bwrap")
+    tok = load_tokenizer(qwen3_tokenizer_dir)
+    tasks = task_dirs("web:heldout:2", tmp_path)
+    names = [t.name.removeprefix("web-").rsplit("-", 1) for t in tasks]
+    assert len(tasks) == 2 and all(wf.split_of(n, int(i)) == "heldout" for n, i in names), names
+    out = tmp_path / "out"
+    cfg = RunnerConfig(out_dir=out, concurrency=2, timeout_s=240, max_turns=40, progress=False)
+    doc = asyncio.run(evaluate(tasks=tasks, harnesses=["codex"], k=2, engine=build_engine("oracle", tok, tasks=tasks),
+                               tok=tok, out=out, cfg=cfg))
+    (row,) = [r for r in doc["rows"] if r.group == "all"]
+    assert row.rollouts == 4 and row.metrics["pass@1"] == 1.0 and row.metrics["pass@2"] == 1.0, row
+    assert any(r.group != "all" and r.metrics["pass@1"] == 1.0 for r in doc["rows"])  # per category too
+    web = doc["behaviour"]["codex"]["web"]
+    assert web["rollouts"] == 4 and web["pages_visited_mean"] >= 1 and web["actions_mean"] >= 1
+    assert web["browser_steps_mean"] >= 2 and web["screenshots_mean"] >= 1
+    assert doc["behaviour"]["codex"]["tool_calls_by_kind"]["browse"] >= 4
+    assert '"web"' in doc["paths"]["txt"].read_text()
+
+
 # ---- isolation ------------------------------------------------------------------------------------------
 SECRET = "host-only-secret-7f3a"
 
