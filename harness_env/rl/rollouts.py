@@ -55,9 +55,9 @@ def step_key(step: int) -> str:
 def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:  # noqa: ANN001
     """The task folders of `split` ("train" | "heldout") through the one task selection of harness_env
     (harness_env/tasks/select.py, also behind launch.eval). `config.tasks.source`: `make_file` (the family,
-    generated under root/tasks), `library`, `dir` (`train_dir` / `eval_dir` as given), or a folder of
-    ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash (`seed`, `heldout_fraction`);
-    `limit` > 0: a seeded sample of that many tasks per split."""
+    generated under root/tasks), `web` (the web family, under root/web_tasks), `library`, `dir` (`train_dir` /
+    `eval_dir` as given), or a folder of ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash
+    (`seed`, `heldout_fraction`); `limit` > 0: a seeded sample of that many tasks per split."""
     kw = dict(seed=tasks.seed, heldout_fraction=tasks.heldout_fraction, limit=tasks.limit or None, scratch=root)
     if tasks.source == "dir":
         return select_tasks(tasks.train_dir if split == "train" else tasks.eval_dir, **kw)
