@@ -62,7 +62,7 @@ def test_parity_with_transformers(hf_dir):
     path, _, ref = hf_dir
     params, cfg = load_hf(path, ModelConfig.from_hf_config(path, dtype="float32", moe_impl="blocked"))
     diff = np.abs(_our_logits(params, cfg) - ref).max()
-    assert diff <= 1e-4, diff
+    assert diff <= 1e-5, diff  # measured 2.4e-7 (dense) / 2.6e-7 (MoE), fp32
     print(f"max |logit diff| vs transformers: {diff:.2e}")
 
 
@@ -75,7 +75,7 @@ def test_fused_expert_layout_loads_the_same(hf_dir, tmp_path):
     torch_save_file(sd, str(tmp_path / "model.safetensors"))
     shutil.copy(path / "config.json", tmp_path / "config.json")
     params, cfg = load_hf(tmp_path, ModelConfig.from_hf_config(tmp_path, dtype="float32"))
-    np.testing.assert_allclose(_our_logits(params, cfg), ref, atol=1e-4)
+    np.testing.assert_allclose(_our_logits(params, cfg), ref, atol=1e-5)
 
 
 def test_export_sharded_then_transformers_loads_same_logits(hf_dir, tmp_path):
