@@ -74,7 +74,10 @@ def test_client_stream_equals_direct_engine(served, incremental):
     assert res.logprobs == direct.logprobs  # float32 -> JSON -> float is exact
     np.testing.assert_array_equal(res.routed_experts, direct.routed_experts)
     assert (res.finish_reason, res.weight_version, res.prompt_tokens) == ("length", direct.weight_version, 18)
-    assert via_http.token_ids == direct_sampled.token_ids and via_http.logprobs == direct_sampled.logprobs
+    # Two engine runs of one seeded request: the second reuses the first's cached prefix, and the engine's
+    # attention sums cached and new keys separately, so logprobs agree to fp32 rounding, not bit for bit.
+    assert via_http.token_ids == direct_sampled.token_ids
+    np.testing.assert_allclose(via_http.logprobs, direct_sampled.logprobs, rtol=0, atol=1e-5)
 
 
 def test_client_sends_only_valid_sampling_keys_and_server_rejects_unknown(served):

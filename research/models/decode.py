@@ -214,11 +214,26 @@ def _experts_all(x_NxD, ids_NxK, w_NxK, mp):
     return h.reshape(N, E * I) @ mp["wo"].reshape(E * I, D)
 
 
-def _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, capacity: int):
+def _experts_sliced(x_NxD, ids_NxK, w_NxK, mp):
+    """Only the chosen experts' weights, sliced out per (token, k) (contiguous [D, I] blocks; an XLA gather
+    of them is much slower on CPU): reads K of E experts' weights per token, not all of them."""
+    N, K = ids_NxK.shape
+    take = lambda w, e: jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
+    out = jnp.zeros_like(x_NxD)
+    for n in range(N):
+        for k in range(K):
+            e = ids_NxK[n, k]
+            x = x_NxD[n : n + 1]
+            h = jax.nn.silu(x @ take(mp["wi_gate"], e)) * (x @ take(mp["wi_up"], e))
+            out = out.at[n].add(w_NxK[n, k] * (h @ take(mp["wo"], e))[0])
+    return out
+
+
+def _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, capacity: int, fallback):
     """Only the chosen experts' work: the (token, k) assignments grouped per expert into `capacity` rows each,
     one batched [E, capacity, D] x [E, D, I] matmul per projection (no weight copies), results gathered
-    back. Exact as long as no expert got more than `capacity` assignments; otherwise `_experts_all` runs
-    instead (lax.cond), so the result never depends on the routing's balance."""
+    back. Exact as long as no expert got more than `capacity` assignments; otherwise `fallback` (an exact
+    kernel) runs instead (lax.cond), so the result never depends on the routing's balance."""
     N, K = ids_NxK.shape
     E = mp["wi_gate"].shape[0]
     flat_A = ids_NxK.reshape(-1)
@@ -236,26 +251,28 @@ def _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, capacity: int):
         rank_NxK = jnp.zeros_like(flat_A).at[order_A].set(rank_A).reshape(N, K)
         return jnp.einsum("nkd,nk->nd", y_ExCxD[ids_NxK, rank_NxK], w_NxK)
 
-    return jax.lax.cond(counts_E.max() <= capacity, grouped, lambda: _experts_all(x_NxD, ids_NxK, w_NxK, mp))
+    return jax.lax.cond(counts_E.max() <= capacity, grouped, lambda: fallback(x_NxD, ids_NxK, w_NxK, mp))
 
 
 def _moe(cfg: ModelConfig, mp, h_BxTxD):
-    """MoEBlock's math (same router, same expert FFN) with the kernel picked for the token count: all experts
-    on every token while the tokens pick at most E experts (a decode batch of a few rows), the per-expert
-    grouped kernel with twice the mean load as capacity up to 4E picks (bigger decode batches), else
-    `cfg.moe_impl` (prefill chunks)."""
+    """MoEBlock's math (same router, same expert FFN) with the kernel picked for the token count. Decode is
+    bound by reading weights, so: the picked experts' weights only while the tokens pick at most E/2 (a
+    decode batch of a token or two); all experts on every token up to E picks; else the grouped kernel with
+    twice the mean load as capacity, falling back to all experts (up to 4E picks) or to `cfg.moe_impl`
+    (long prefill chunks) when the routing overflows it."""
     B, T, D = h_BxTxD.shape
     dt = jnp.dtype(cfg.dtype)
     x_NxD = h_BxTxD.reshape(B * T, D)
     w_NxK, ids_NxK = route(x_NxD, mp["router"], top_k=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob)
     A, E, w_NxK = ids_NxK.size, cfg.num_experts, w_NxK.astype(dt)
-    if A <= E:
+    if 2 * A <= E:
+        y = _experts_sliced(x_NxD, ids_NxK, w_NxK, mp)
+    elif A <= E:
         y = _experts_all(x_NxD, ids_NxK, w_NxK, mp)
-    elif A <= 4 * E:
-        y = _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, min(B * T, 2 * -(-A // E)))
     else:
-        fn = MOE_KERNELS[resolve_impl(cfg.moe_impl)]
-        y = fn(x_NxD, ids_NxK, w_NxK, mp["wi_gate"], mp["wi_up"], mp["wo"])
+        impl = MOE_KERNELS[resolve_impl(cfg.moe_impl)]
+        fallback = _experts_all if A <= 4 * E else lambda x, i, w, m: impl(x, i, w, m["wi_gate"], m["wi_up"], m["wo"])
+        y = _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, min(B * T, 2 * -(-A // E)), fallback)
     return y.reshape(B, T, D).astype(dt), ids_NxK.reshape(B, T, -1)
 
 

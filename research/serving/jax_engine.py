@@ -1,7 +1,7 @@
 """The built-in JAX engine: continuous batching over fixed KV-cache slots, behind the async Engine API.
 
 One background thread owns the device state (params, cache, per-slot decode state, slot table) and runs
-  admit waiting requests into slots -> prefill ONE chunk of one request -> ONE decode block of all slots
+  admit waiting requests into slots -> prefill up to `prefill_budget` prompt tokens -> ONE decode block
 so a request joins the running batch as soon as a slot is free and leaves it when it finishes; nobody
 waits for a batch. A decode block is up to `decode_steps` tokens per slot in one jitted on-device loop
 (sampling, per-slot stop-token and length checks, early exit), so the host syncs once per block, not per
@@ -236,6 +236,7 @@ class JaxEngine(Engine):
         """Compiles the step functions (on slot 0, free at start; zero decode steps, so nothing changes):
         every batch bucket at the shortest length bucket, or every (batch, length) pair with warmup_all."""
         lengths = self.cfg.len_buckets() if self.cfg.warmup_all else self.cfg.len_buckets()[:1]
+        self._cache = self._fns.copy_slot(self._cache, np.int32(0), np.int32(0))
         for L in lengths:
             self._dispatch_prefill(0, np.zeros(self.cfg.prefill_chunk, np.int32), 0, 1, 0, ctx_len=L)
             for B in self.cfg.buckets():
@@ -373,12 +374,18 @@ class JaxEngine(Engine):
         smp.stops[s, : len(stops)] = stops
 
     def _prefill_step(self) -> bool:
-        """Prefills one chunk of the oldest request still prefilling. Its last chunk samples the first token
-        on device and starts the slot decoding there; the token is handed out with the next block's."""
-        pending = [r for r in self._active.values() if r.filled < len(r.prompt)]
-        if not pending:
-            return False
-        r = min(pending, key=lambda x: self._slots.slots[x.slot].last_used)
+        """Prefills chunks of the requests still prefilling, oldest first, up to `prefill_budget` tokens (at
+        least one chunk). A prompt's last chunk samples its first token on device and starts the slot
+        decoding there; the token is handed out with the next block's."""
+        pending = sorted((r for r in self._active.values() if r.filled < len(r.prompt)),
+                         key=lambda x: self._slots.slots[x.slot].last_used)
+        budget = max(self.cfg.prefill_budget, 1)
+        for r in pending:
+            while r.filled < len(r.prompt) and budget > 0:
+                budget -= self._prefill_chunk(r)
+        return bool(pending)
+
+    def _prefill_chunk(self, r: Request) -> int:
         C = self.cfg.prefill_chunk
         chunk = r.prompt[r.filled : r.filled + C]
         tokens = np.zeros(C, np.int32)
@@ -393,7 +400,7 @@ class JaxEngine(Engine):
             self._override.pop(r.slot, None)  # the prefill set this slot's decode state itself
             r.dispatched = 1
             self._pending.append(("first", r, out))
-        return True
+        return C
 
     def _dispatch_prefill(self, slot: int, tokens: np.ndarray, start: int, n_valid: int, max_new: int, *,
                           ctx_len: int):

@@ -8,7 +8,10 @@ logprob (the trainer has no notion of truncation, and a truncated logprob would 
 ratio undefined for tokens outside the nucleus). Greedy requests (T <= 0) report T = 1 logprobs.
 
 Seeds: the uniform behind decoding step n of a request comes from `fold_in(PRNGKey(seed), n)`, so a seeded
-request produces the same tokens whatever else is batched with it and whichever slot it lands in.
+request produces the same tokens whatever else is batched with it and whichever slot it lands in. (Its
+logits can differ in the last fp32 bits with how its sequence was split into cached prefix, prefill chunks
+and decode blocks, and with the length bucket; a draw only changes if the uniform falls within that
+rounding of a boundary between two tokens' cumulative mass.)
 """
 
 from __future__ import annotations

@@ -154,6 +154,7 @@ class EngineConfig:
     # sequence. () = 256, 1024, 4096, ... below max_len, then max_len (compiled on first use).
     length_buckets: tuple[int, ...] = ()
     decode_steps: int = 8  # decode steps per dispatch (one host sync per block of this many tokens)
+    prefill_budget: int = 512  # prompt tokens prefilled between two decode blocks (at least one chunk)
     prefill_decode_steps: int = 2  # ... while a prompt is being prefilled (its chunks interleave with decode)
     max_stop_tokens: int = 8  # stop ids checked on device per request (the host checks every one)
 
