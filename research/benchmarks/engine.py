@@ -34,8 +34,11 @@ from research.serving.jax_engine import EngineConfig, JaxEngine
 from research.serving.qwen3_runner import Qwen3Runner
 from research.serving.runner import DecodeState
 
-CATEGORIES = (("sampling", "sampling"), ("lm_head", "lm_head"), ("moe", "moe"), ("mlp", "mlp"),
-              ("attention", r"attention"), ("attn_proj", "attn_proj"), ("cache_io", "cache_io"))
+
+def categories(vocab: int) -> tuple[tuple[str, str], ...]:
+    """Profile categories: named scopes of decode.py / runner.py (the LM head also by its [B, V] result)."""
+    return (("sampling", "sampling"), ("lm_head", rf"lm_head|\|f32\[\d+,{vocab}\]"), ("moe", "moe"), ("mlp", "mlp"),
+            ("attention", "attention"), ("attn_proj", "attn_proj"), ("cache_io", "cache_io"))
 
 
 def bench_config(layers: int, hidden: int, experts: int, top_k: int, vocab: int):
@@ -118,8 +121,8 @@ def profile_block(engine: JaxEngine, batch: int, *, steps: int, ctx_len: int, ca
     fns, S = engine._fns, engine.cfg.num_slots
     state = {"cache": engine.runner.init_cache(S, engine.cfg.max_len + engine.cfg.prefill_chunk),
              "state": DecodeState.zeros(S)}
-    host = DecodeState(np.zeros(S, np.int32), np.full(S, ctx_len // 2, np.int32), np.full(S, 1 << 20, np.int32),
-                       np.zeros(S, np.int32))
+    tokens = np.random.default_rng(0).integers(0, engine.runner.vocab_size, S).astype(np.int32)  # varied routing
+    host = DecodeState(tokens, np.full(S, ctx_len // 2, np.int32), np.full(S, 1 << 20, np.int32), np.zeros(S, np.int32))
     args = lambda: (engine._params, state["cache"], state["state"], np.ones(S, bool), host, engine._sampling,
                     np.int32(steps))
     kw = dict(batch=batch, ctx_len=ctx_len, steps=steps)
@@ -130,7 +133,8 @@ def profile_block(engine: JaxEngine, batch: int, *, steps: int, ctx_len: int, ca
         jax.block_until_ready(out)
 
     times = xla_profile.trace_ops(call, calls=calls)
-    per_step = {k: round(v / steps, 3) for k, v in xla_profile.by_category(times, names, CATEGORIES).items()}
+    cats = categories(engine.runner.vocab_size)
+    per_step = {k: round(v / steps, 3) for k, v in xla_profile.by_category(times, names, cats).items()}
     per_step["total"] = round(sum(per_step.values()), 3)
     return per_step
 

@@ -17,13 +17,19 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-_OP = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", re.M)
-_SKIP = ("ThunkExecutor", "while", "conditional", "call")
+_OP = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) [^\n]*$", re.M)
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_SKIP = ("ThunkExecutor", "while", "cond", "call")
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
-    """HLO instruction name -> its op_name metadata (jit path and named scopes)."""
-    return {m.group(1): m.group(2) for m in _OP.finditer(hlo_text)}
+    """HLO instruction name -> "op_name metadata (jit path and named scopes) | result shape". Passes that
+    create ops (dot rewrites) can drop the metadata; the shape then still identifies e.g. the LM head."""
+    out = {}
+    for m in _OP.finditer(hlo_text):
+        name = _OP_NAME.search(m.group(0))
+        out[m.group(1)] = f"{name.group(1) if name else ''}|{m.group(2)}"
+    return out
 
 
 def trace_ops(fn: Callable[[], object], *, calls: int) -> dict[str, float]:
@@ -47,7 +53,8 @@ def trace_ops(fn: Callable[[], object], *, calls: int) -> dict[str, float]:
 
 
 def by_category(times_ms: dict[str, float], names: dict[str, str], categories: Sequence[tuple[str, str]]) -> dict:
-    """Sums op times into the first category whose pattern (a regex) matches the op's op_name; else "other"."""
+    """Sums op times into the first category whose pattern (a regex) matches the op's `op_names` entry (op_name
+    and shape); else "other"."""
     out: collections.Counter = collections.Counter()
     for op, ms in times_ms.items():
         path = names.get(op, op)
