@@ -12,24 +12,21 @@ the policy stays at the marginal, ln 16) and 16 demonstrations per SFT step.
 `arg` picks a preset: "" (the demo), "test" (seconds-long runs for the test suite).
 """
 
-import pathlib
-
 import ml_collections
 
 from configs import tiny
+from research.rl.config import defaults
 from research.train.optim import default_optim_config
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    config = tiny.get_config("dense")
+    config = defaults()  # every RunConfig field (research/rl/config.py); this file states what it changes
+    base = tiny.get_config("dense")
     config.name = "demo_cpu"
     config.seed = 0
     config.algo = "grpo"  # grpo | ppo | sft
-    # The real Qwen3 tokenizer: the repo's ../shared/qwen3 copy when present, else the hub (any Qwen3 size has it).
-    shared = REPO.parent / "shared" / "qwen3"
-    config.tokenizer_dir = str(shared) if shared.is_dir() else "Qwen/Qwen3-0.6B"
+    config.tokenizer_dir = ""  # "": the real Qwen3 tokenizer packaged with research/models (offline)
+    config.model = base.model
     config.model.update(vocab_size=151936, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=64,  # wide heads: qk-norm caps logits at sqrt(head_dim)
                         attention_impl="reference",  # dense mask: fastest on CPU at 512-token rows
@@ -39,33 +36,25 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # RL after the SFT warm start: fresh Adam moments and a 10x lower lr (at the SFT lr, GRPO collapses the policy)
     config.rl_optim = default_optim_config()
     config.rl_optim.update(learning_rate=4e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, clip_norm=1.0)
-    config.critic_optim = default_optim_config()
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
-    config.train = ml_collections.ConfigDict(dict(
-        steps=20,  # RL steps (after the SFT phase)
-        # loss_slots: LM-head slots per row, doubled until every row fits (SFT rows need 64, RL rows 128)
-        batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32))
-    config.rl = ml_collections.ConfigDict(dict(
-        estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0, entropy_coef=0.0,
-        is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0,
-        kl_estimator="k3",  # k1 | k3 (only with kl_coef > 0)
-        ref_checkpoint=""))  # KL reference: "" = the policy as RL starts (saved in workdir/reference) or an HF dir
-    config.tasks = ml_collections.ConfigDict(dict(source="make_file", seed=0, train_dir="", eval_dir=""))
-    config.rollout = ml_collections.ConfigDict(dict(
-        mode="sync",  # sync | async
-        max_off_policy_steps=1, lookahead=1,
+    # loss_slots: LM-head slots per row, doubled until every row fits (SFT rows need 64, RL rows 128)
+    config.train.update(steps=20, batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32)
+    config.rl.update(estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                     entropy_coef=0.0, is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0)
+    config.tasks.update(source="make_file", seed=0)
+    config.rollout.update(
+        mode="sync", max_off_policy_steps=1, lookahead=1,
         harnesses="reference_bash",  # "name:weight,..." e.g. "reference_bash:1,claude_code:1"
         groups_per_step=4, group_size=4, backend="bwrap", concurrency=4, timeout_s=120, reward_timeout_s=30,
         infra_retries=2, max_turns=3, sandbox_cpus=1.0, sandbox_memory_mb=1024, progress=False, fsync=True,
-        enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0))
-    config.engine = ml_collections.ConfigDict(dict(num_slots=4, max_len=1024, prefill_chunk=256))
-    config.sync = ml_collections.ConfigDict(dict(kind="jax", sglang_url="", export_dtype="bfloat16"))
-    config.sft = ml_collections.ConfigDict(dict(steps=400, groups_per_step=16, num_demos=-1, expert="make_file"))
-    config.eval = ml_collections.ConfigDict(dict(every=5, sft_every=100, num_tasks=-1, at_start=True, after_sft=True))
-    config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=2))
-    config.metrics = ml_collections.ConfigDict(dict(tensorboard=True, plot_every=10))
-    config.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="", num_processes=0,
-                                                        process_id=-1))
+        enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0)
+    # the serving context bounds a rollout path, which must fit one packed row (row_len)
+    config.engine.update(num_slots=4, max_len=512, prefill_chunk=256)
+    config.sync.update(kind="jax")
+    config.sft.update(steps=400, groups_per_step=16, num_demos=-1, expert="make_file", min_reward=1.0)
+    config.eval.update(every=5, sft_every=100, num_tasks=-1, at_start=True, after_sft=True)
+    config.checkpoint.update(every=10, keep=2)
+    config.metrics.update(tensorboard=True, plot_every=10)
     if arg == "test":
         config.model.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16)
         config.train.update(steps=3, batch_rows=2)

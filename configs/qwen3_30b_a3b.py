@@ -3,8 +3,8 @@
 The dims are written here (not read from a file) so the config is self-contained; tests cross-check
 them against `../shared/qwen3/config.json` (the HF config of Qwen/Qwen3-30B-A3B).
 
-Targets (`arg`), both validated by AOT-compiling the train step on fake CPU devices
-(tests/test_train_aot.py; measured per-device numbers in brackets):
+Targets (`arg`), both validated by AOT-compiling the train steps on fake CPU devices against the
+target's device memory (`config.device`; tests/test_train_aot.py; measured per-device numbers in brackets):
 
   gpu  one 8x H200 host (141 GB each): mesh (data=1, fsdp=1, expert=8, tensor=1). Experts (95% of the
        params) are split 8 ways by expert parallelism (16 experts per GPU, tokens exchanged inside the
@@ -18,10 +18,11 @@ Targets (`arg`), both validated by AOT-compiling the train step on fake CPU devi
 
 fp32 master weights and Adam moments (12 bytes/param; 16 with fp32 grads: 488 GB for 30.5B before
 activations), bf16 compute, full remat per layer, chunked fused-head log-probs. XLA's compiled
-`memory_analysis()` per device (args/temps/peak + the largest arrays) is printed by:
+`memory_analysis()` per device (args/temps/peak + the largest arrays) is printed by (this file: the SFT
+step on tree rows; the RL configs' tree-GRPO/PPO and SFT steps: configs/qwen3_30b_a3b_{gpu,tpu}.py):
 
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu --fake_devices=8
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu --fake_devices=16
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu --step=sft --fake_devices=8
+  python -m research.train.aot --config=configs/qwen3_30b_a3b_tpu.py --step=grpo,ppo,sft --kl --replay --fake_devices=16
 
 On XLA:CPU the temps are dominated by CPU lowerings of the grouped expert matmul (ragged_dot becomes
 per-expert dense [experts, assignments, D] arrays), so only the state numbers transfer to GPU/TPU.
@@ -59,6 +60,16 @@ _MESHES = {
     "tpu": dict(data=1, fsdp=2, expert=8, tensor=1),
 }
 _ROWS = {"gpu": 8, "tpu": 16}
+# The RL configs: a packed row holds a whole rollout path (an agent session up to the serving context), and the
+# four real harnesses' prompts fit 16k (tests/test_harness_e2e.py). With 16k rows one 8x H200 host has no
+# headroom (AOT peak 130.9 of 131.3 GiB) and a v5p-32 slice does not fit (92.7 of 88.5 GiB): the expert
+# dispatch all-gathers every token of the expert group. So the RL targets are twice as large (measured, GRPO
+# with KL + routing replay, 48 layers): 2 hosts x 8 H200 (fsdp=2, 92.7 GiB) and a v5p-64 slice (fsdp=4, 72.6).
+CONTEXT = 16384
+_RL_MESHES = {"gpu": dict(data=1, fsdp=2, expert=8, tensor=1), "tpu": dict(data=1, fsdp=4, expert=8, tensor=1)}
+_RL_ROWS = {"gpu": 16, "tpu": 32}
+# Per-device memory of each target (vendor figures, decimal GB): what research/train/aot.py checks a step against.
+_DEVICES = {"gpu": dict(kind="H200", memory_gb=141.0), "tpu": dict(kind="TPU v5p", memory_gb=95.0)}
 
 
 def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
@@ -81,12 +92,14 @@ def get_config(arg: str = "gpu") -> ml_collections.ConfigDict:
         )
     )
     config.mesh = ml_collections.ConfigDict(_MESHES[arg])
+    config.device = ml_collections.ConfigDict(_DEVICES[arg])
     config.optim = default_optim_config()
     # ~ the RL settings of ClawGym / DAPO-style runs: small constant lr after a short warmup, clip 1.0.
     config.optim.update(learning_rate=1e-6, schedule="constant", warmup_steps=10, total_steps=400,
                         weight_decay=0.01, clip_norm=1.0)
     config.train = ml_collections.ConfigDict(
-        dict(batch_rows=_ROWS[arg], row_len=8192, num_microbatches=1, logprob_chunk=2048, steps=400)
+        dict(batch_rows=_ROWS[arg], row_len=8192, num_microbatches=1, logprob_chunk=2048, steps=400,
+             batch_axes=("data", "fsdp", "expert"))
     )
     config.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=3))
     return config
@@ -99,13 +112,16 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
 
     base = get_config(target)
     config = demo_cpu.get_config()
-    for key in ("model", "mesh", "optim"):
+    for key in ("model", "device", "optim"):
         config[key] = base[key]
+    config.mesh = ml_collections.ConfigDict(_RL_MESHES[target])
     config.name = f"qwen3_30b_a3b_rl_{target}"
     config.init_checkpoint = ""  # HF checkpoint dir of Qwen/Qwen3-30B-A3B (required)
     config.algo = "grpo"
-    config.train.update(steps=300, batch_rows=base.train.batch_rows, row_len=base.train.row_len,
+    # one row of CONTEXT tokens per device; engine.max_len = the serving context (SGLang: --context-length)
+    config.train.update(steps=300, batch_rows=_RL_ROWS[target], row_len=CONTEXT,
                         logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
+    config.engine.update(max_len=CONTEXT)
     config.train.batch_axes = ("data", "fsdp", "expert")
     config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0,
                      kl_coef=0.0, kl_estimator="k3", ref_checkpoint="")  # ref "": the init_checkpoint params

@@ -1,19 +1,27 @@
 """The rollout runner: tasks x harnesses x samples, each in its own sandbox, talking to the shim.
 
-One rollout: load the task -> open a shim session -> fresh workspace (task inputs) and HOME (harness
-config) -> sandbox -> run the harness (per-rollout timeout) -> close the session (its calls are in
-the capture log) -> only now copy `reward/` in and grade -> one RolloutResult. Infrastructure
-failures (harness install, sandbox start/exec errors) are retried; model failures never are: a
-harness that ran and failed is `harness_error`, one that hung is `timeout`, a broken task is
-`task_error`, a broken checker `reward_error` — the run always goes on. Each result is appended
-(fsync'd) to `results.jsonl` and to the shared capture log the moment it is known, so a crashed run
-resumes where it stopped: rollouts with a final status in results.jsonl are skipped.
+One rollout: load the task -> disk-capped workspace (task inputs, at the task's `input_mount_dir`
+inside) and HOME (harness config) -> open a shim session -> the agent's sandbox -> run the harness
+(per-rollout timeout, disk watch) -> close the session (its calls are in the capture log) -> stop
+every agent process and close that sandbox -> grade in a SECOND, fresh sandbox that shares only the
+workspace (fresh HOME and TMP, fixed environment, no shim, no harness mounts, `reward/` freshly
+copied: harness_env/tasks/loader.grade) -> one RolloutResult. Nothing the agent left outside the
+workspace (user site-packages, shell startup files, background processes) exists when the checker runs.
+
+Infrastructure failures (harness install, sandbox start/exec errors) are retried; model failures never
+are: a harness that ran and failed is `harness_error`, one that hung is `timeout`, one that hit a disk
+cap `disk_limit`, a broken task is `task_error` (whatever is wrong with it), a broken or non-finite
+checker result `reward_error` — the run always goes on. Each result is appended (fsync'd) to
+`results.jsonl` and to the shared capture log the moment it is known, so a crashed run resumes where
+it stopped: rollouts with a final status in results.jsonl are skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import math
 import pathlib
 import re
 import shutil
@@ -23,11 +31,13 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from harness_env.harnesses.base import Harness, HarnessError, SessionContext, get_harness
-from harness_env.sandbox.base import HOME, WORKSPACE, Backend, Limits, Mount, SandboxError, SandboxSpec, get_backend
+from harness_env.sandbox import disk
+from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError, SandboxSpec, get_backend
 from harness_env.tasks.loader import RewardError, Task, TaskError, grade, load_task
 from research.capture import CaptureLog, RolloutResult, read_log
 
 RETRYABLE = "infra_error"  # the one status a resumed run tries again
+DISK_POLL_S = 0.5
 
 
 class Gateway(Protocol):
@@ -48,12 +58,13 @@ class RunnerConfig:
     timeout_s: float = 300.0
     reward_timeout_s: float = 60.0
     infra_retries: int = 2
-    limits: Limits = dataclasses.field(default_factory=Limits)
+    limits: Limits = dataclasses.field(default_factory=Limits)  # incl. the disk caps (workspace_mb, home_mb)
     model: str = "policy"
     max_turns: int = 30
     shim_port: int = 18080
-    keep_workspaces: bool = False
+    keep_workspaces: bool = False  # keep each rollout's final workspace and HOME under out_dir/rollouts/ID
     progress: bool = True
+    disk_mode: str | None = None  # tmpfs | watch (None: tmpfs where this process may mount, else watch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +90,10 @@ class _Infra(Exception):
     """Retryable failure of one attempt."""
 
 
+class _DiskLimit(Exception):
+    """The agent hit a disk cap: status `disk_limit`."""
+
+
 def finished_ids(results_path: pathlib.Path) -> set[str]:
     if not results_path.exists():
         return set()
@@ -93,6 +108,8 @@ class Runner:
         self.capture = capture_log
         self.backend = backend or get_backend(config.backend)
         self.cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        disk.reap_orphans()  # capped mounts of orchestrators that died
+        disk.release_stale(self.cfg.out_dir / "rollouts")  # ... and any left in this run's own dir
         self.results_path = self.cfg.out_dir / "results.jsonl"
         self._results = CaptureLog(self.results_path)
 
@@ -100,7 +117,9 @@ class Runner:
         self._results.close()
 
     async def run(self, specs: Sequence[RolloutSpec]) -> list[RolloutResult]:
-        """Runs every spec not finished before; returns the results of this invocation."""
+        """Runs every spec not finished before; returns the results of this invocation. If anything escapes
+        (it should not: every rollout failure is a status), the other rollouts are cancelled and awaited,
+        so no sandbox process outlives the call."""
         done = finished_ids(self.results_path)
         todo = [s for s in specs if s.rollout_id not in done]
         for name in sorted({s.harness for s in todo}):
@@ -118,8 +137,14 @@ class Runner:
             bar.set_postfix_str(f"{spec.rollout_id}: {res.status}", refresh=False)
             return res
 
+        tasks = [asyncio.ensure_future(one(s)) for s in todo]
         try:
-            return list(await asyncio.gather(*(one(s) for s in todo)))
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         finally:
             bar.close()
 
@@ -129,9 +154,10 @@ class Runner:
         meta: dict[str, Any] = {"task_dir": str(spec.task_dir), "sample": spec.sample, "backend": self.cfg.backend}
         try:
             task = load_task(spec.task_dir)
-        except TaskError as e:
-            return RolloutResult(**base, status="task_error", message=str(e), meta=meta)
-        meta.update(task_id=task.task_id, category=task.category)
+        except Exception as e:  # TaskError, or anything else a hostile folder provokes: the task's problem
+            msg = str(e) if isinstance(e, TaskError) else f"{spec.task_dir}: {type(e).__name__}: {e}"
+            return RolloutResult(**base, status="task_error", message=msg, meta=meta)
+        meta.update(task_id=task.task_id, category=task.category, workspace_dir=task.workspace_dir)
         harness = get_harness(spec.harness)
         last = ""
         for attempt in range(1 + self.cfg.infra_retries):
@@ -140,6 +166,8 @@ class Runner:
                 res = await self._attempt(spec, task, harness, meta)
             except HarnessError as e:  # the adapter itself refused (bad config, unparsable output)
                 res = RolloutResult(**base, status="harness_error", message=str(e), meta=meta)
+            except TaskError as e:  # e.g. its inputs do not fit the workspace cap
+                res = RolloutResult(**base, status="task_error", message=str(e), meta=meta)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # _Infra, or anything unexpected: retried, never fatal for the run
@@ -147,10 +175,10 @@ class Runner:
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
                 continue
             res.timings["total_s"] = time.monotonic() - t0
-            return res
+            return _finite(res)
         msg = f"after {self.cfg.infra_retries + 1} attempts: {last}"
-        return RolloutResult(**base, status="infra_error", message=msg, meta=meta,
-                             timings={"total_s": time.monotonic() - t0})
+        return _finite(RolloutResult(**base, status="infra_error", message=msg, meta=meta,
+                                     timings={"total_s": time.monotonic() - t0}))
 
     def _rollout_dir(self, spec: RolloutSpec) -> pathlib.Path:
         return self.cfg.out_dir / "rollouts" / spec.rollout_id
@@ -166,21 +194,44 @@ class Runner:
             raise _Infra(f"installing {harness.name}: {e}") from e
         timings["install_s"] = time.monotonic() - t
         rdir = self._rollout_dir(spec)
-        shutil.rmtree(rdir, ignore_errors=True)
-        workspace, home = rdir / "workspace", rdir / "home"
+        await asyncio.to_thread(_clear, rdir)
+        lim = self.cfg.limits
+        caps = [disk.DiskCap(rdir / "workspace", lim.workspace_mb, self.cfg.disk_mode),
+                disk.DiskCap(rdir / "home", lim.home_mb, self.cfg.disk_mode)]
         try:
-            task.populate(workspace)
+            try:
+                for c in caps:
+                    await asyncio.to_thread(c.setup)
+            except OSError as e:
+                raise _Infra(f"disk caps: {e}") from e
+            await asyncio.to_thread(task.populate, caps[0].path)  # TaskError: the task's inputs
+            try:
+                return await self._rollout(spec, task, harness, base, caps)
+            except _DiskLimit as e:
+                return RolloutResult(**base, status="disk_limit", message=str(e))
+        finally:
+            keep = self.cfg.keep_workspaces
+            for c in caps:
+                await asyncio.to_thread(c.release, keep)
+            if not keep:
+                await asyncio.to_thread(_clear_caps, caps)
+
+    async def _rollout(self, spec: RolloutSpec, task: Task, harness: Harness, base: dict,
+                       caps: list[disk.DiskCap]) -> RolloutResult:
+        workspace, home = caps[0].path, caps[1].path
+        timings, meta = base["timings"], base["meta"]
+        try:
             session = await self.gateway.open_session(spec.rollout_id, spec.group_id, harness.name,
                                                       meta={"task_id": task.task_id, "sample": spec.sample})
-        except Exception as e:  # disk, or the shim is down: infrastructure
+        except Exception as e:  # the shim is down: infrastructure
             raise _Infra(f"opening the rollout: {type(e).__name__}: {e}") from e
         base["session_ids"] = [session.session_id]
         path = urlparse(session.base_url).path.rstrip("/")
         ctx = SessionContext(base_url=f"http://127.0.0.1:{self.cfg.shim_port}{path}", api_key=session.api_key,
-                             model=self.cfg.model, home=HOME, workspace=WORKSPACE, max_turns=self.cfg.max_turns,
+                             model=self.cfg.model, home=HOME, workspace=task.workspace_dir,
+                             max_turns=self.cfg.max_turns,
                              context_window=getattr(getattr(self.gateway, "engine", None), "max_context", 32768))
-        session_open = True
-        sbx = None
+        session_open, sbx = True, None
         try:
             try:
                 await harness.prepare(home, ctx)
@@ -188,61 +239,147 @@ class Runner:
                 return RolloutResult(**base, status="harness_error", message=f"prepare: {e}")
             t = time.monotonic()
             try:
-                sbx = await self.backend.create(self._sandbox_spec(spec, harness, workspace, home))
+                sbx = await self.backend.create(self._sandbox_spec(spec, task, harness, workspace, home))
             except SandboxError as e:
                 raise _Infra(str(e)) from e
             timings["sandbox_start_s"] = time.monotonic() - t
             t = time.monotonic()
-            try:
-                res = await sbx.exec(harness.argv(task.user_query, ctx), env=harness.env(ctx), cwd=WORKSPACE,
-                                     timeout=self.cfg.timeout_s)
-            except SandboxError as e:
-                raise _Infra(str(e)) from e
+            res = await self._watched(sbx.exec(harness.argv(task.user_query, ctx), env=harness.env(ctx),
+                                               cwd=task.workspace_dir, timeout=self.cfg.timeout_s), caps)
             timings["harness_s"] = time.monotonic() - t
             records = await self.gateway.close_session(session.session_id)
             session_open = False
-            meta.update(calls=len(records), exit_code=res.exit_code, oom_killed=res.oom_killed)
-            await asyncio.to_thread(harness.save_logs, home, res, rdir / "logs")
-            return await self._judge(sbx, task, harness, res, base)
+            meta.update(calls=len(records))
+            if res is not None:
+                meta.update(exit_code=res.exit_code, oom_killed=res.oom_killed)
+            try:
+                await sbx.export_workspace()  # kubernetes: copy it out; every backend: nothing runs after this
+            except SandboxError as e:
+                raise _Infra(str(e)) from e
+            await sbx.close()
+            await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
+            meta["inputs_changed"] = await asyncio.to_thread(task.changed_inputs, workspace)
+            if res is None or res.disk_exceeded or await _over(caps):
+                raise _DiskLimit(await asyncio.to_thread(_disk_message, caps, res))
+            return await self._judge(spec, task, harness, res, base, caps)
         finally:
             if sbx is not None:
                 await sbx.close()
             if session_open:
-                try:
+                with contextlib.suppress(Exception):  # already closed, or the shim is gone
                     await self.gateway.close_session(session.session_id)
-                except Exception:  # already closed, or the shim is gone: nothing left to release
-                    pass
-            if not self.cfg.keep_workspaces:
-                await asyncio.to_thread(shutil.rmtree, workspace, True)
 
+    async def _watched(self, coro, caps: list[disk.DiskCap]):
+        """Awaits the harness exec, polling the disk caps; over a cap the exec is cancelled (which kills its
+        process tree) and None returned. Cancelling this cancels the exec the same way."""
+        task = asyncio.ensure_future(coro)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISK_POLL_S)
+                if done:
+                    return task.result()
+                if await _over(caps):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    return None
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise
 
-    def _sandbox_spec(self, spec: RolloutSpec, harness: Harness, workspace: pathlib.Path,
+    def _sandbox_spec(self, spec: RolloutSpec, task: Task, harness: Harness, workspace: pathlib.Path,
                       home: pathlib.Path) -> SandboxSpec:
         sock = self.gateway.unix_socket
         return SandboxSpec(workspace=workspace, home=home, limits=self.cfg.limits, name=spec.rollout_id,
                            mounts=[Mount(str(p), str(p)) for p in harness.mounts()],
                            shim_socket=pathlib.Path(sock) if sock else None, shim_port=self.cfg.shim_port,
-                           labels={"harness-rl.rollout": spec.rollout_id})
+                           labels={"harness-rl.rollout": spec.rollout_id}, workspace_dir=task.workspace_dir)
 
-    async def _judge(self, sbx, task: Task, harness: Harness, res, base: dict) -> RolloutResult:
-        """The harness has exited: timeout / harness_error / reward_error / ok (graded only now)."""
+    def verifier_spec(self, spec: RolloutSpec, task: Task, workspace: pathlib.Path) -> SandboxSpec:
+        """The grader's sandbox: the workspace and nothing else of the rollout (fresh HOME, no shim, no mounts)."""
+        lim = dataclasses.replace(self.cfg.limits, wall_s=self.cfg.reward_timeout_s * 2 + 30)
+        return SandboxSpec(workspace=workspace, home=None, limits=lim, name=f"{spec.rollout_id}-verify", shim=False,
+                           labels={"harness-rl.rollout": spec.rollout_id, "harness-rl.role": "verifier"},
+                           workspace_dir=task.workspace_dir)
+
+    async def _judge(self, spec: RolloutSpec, task: Task, harness: Harness, res, base: dict,
+                     caps: list[disk.DiskCap]) -> RolloutResult:
+        """The harness has exited and nothing of it runs: timeout / harness_error / reward_error / ok."""
         if res.timed_out:
             return RolloutResult(**base, status="timeout", message=f"harness ran past {self.cfg.timeout_s:.0f}s")
-        outcome = harness.parse_output(res)
+        try:
+            outcome = harness.parse_output(res)
+        except Exception as e:  # output the adapter cannot read is the harness's failure, never a retry
+            raise HarnessError(f"{harness.name}: reading its output: {type(e).__name__}: {e}") from e
         base["meta"].update(num_turns=outcome.num_turns, final_message=outcome.final_message[-4000:],
                             harness_meta=outcome.meta)
         if not outcome.completed:
             return RolloutResult(**base, status="harness_error", message=outcome.error or "harness did not complete")
         t = time.monotonic()
         try:
-            reward, subs = await grade(sbx, task, outcome.final_message, _transcript(task, outcome),
+            vsbx = await self.backend.create(self.verifier_spec(spec, task, caps[0].path))
+        except SandboxError as e:
+            raise _Infra(f"starting the verifier: {e}") from e
+        try:
+            reward, subs = await grade(vsbx, task, outcome.final_message, _transcript(task, outcome),
                                        timeout=self.cfg.reward_timeout_s)
         except RewardError as e:
             return RolloutResult(**base, status="reward_error", message=str(e))
-        except SandboxError as e:
+        except (SandboxError, OSError) as e:
+            if await _over(caps):  # no room left even for reward/: the agent filled the disk
+                raise _DiskLimit(await asyncio.to_thread(_disk_message, caps, None)) from e
             raise _Infra(f"grading: {e}") from e
+        finally:
+            await vsbx.close()
         base["timings"]["reward_s"] = time.monotonic() - t
         return RolloutResult(**base, status="ok", reward=reward, sub_scores=subs)
+
+
+async def _over(caps: list[disk.DiskCap]) -> bool:
+    """Any cap exceeded? (tmpfs: one statvfs, inline; watch: a tree walk, off the event loop)"""
+    for c in caps:
+        if await asyncio.to_thread(c.exceeded) if c.mode == "watch" else c.exceeded():
+            return True
+    return False
+
+
+def _disk_message(caps: list[disk.DiskCap], res) -> str:
+    names = ("workspace", "HOME")
+    hit = [f"{n}: {c.describe()}" for n, c in zip(names, caps, strict=True) if c.exceeded()]
+    if res is not None and res.disk_exceeded:
+        hit.append(res.stderr.strip()[:300])
+    return "disk cap exceeded: " + ("; ".join(hit) or "(the sandbox reported it)")
+
+
+def _clear(rdir: pathlib.Path) -> None:
+    """A rollout dir from an earlier attempt, gone (mounts first; rmtree never follows links)."""
+    if rdir.exists():
+        disk.release_stale(rdir)
+        shutil.rmtree(rdir, ignore_errors=True)
+
+
+def _clear_caps(caps: list[disk.DiskCap]) -> None:
+    for c in caps:
+        shutil.rmtree(c.path, ignore_errors=True)
+
+
+def _finite(res: RolloutResult) -> RolloutResult:
+    """No NaN/Infinity reaches results.jsonl (it would not be JSON): non-finite floats in meta/timings -> None."""
+    res.meta = _finite_tree(res.meta)
+    res.timings = {k: v for k, v in res.timings.items() if math.isfinite(v)}
+    return res
+
+
+def _finite_tree(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite_tree(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite_tree(v) for v in x]
+    return x
 
 
 def _transcript(task: Task, outcome) -> list[dict]:

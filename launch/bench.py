@@ -1,8 +1,8 @@
 """Benchmarks: `python -m launch.bench --suite=NAME [--opt key=value ...]`.
 
-Each suite is `research.benchmarks.NAME.run(**opts) -> dict`; it measures this project against a peer
-or baseline in the same run (ratios, since machines are shared and noisy). The last line printed is
-`BENCH {json}`.
+Each suite is `research.benchmarks.NAME.run(**opts) -> dict` (or `harness_env.benchmarks.NAME` for the
+suites that run harnesses or sandboxes); it measures this project against a peer or baseline in the same
+run (ratios, since machines are shared and noisy). The last line printed is `BENCH {json}`.
 """
 
 import importlib
@@ -10,7 +10,8 @@ import json
 
 from absl import app, flags
 
-_SUITE = flags.DEFINE_string("suite", None, "benchmark suite: a module of research/benchmarks/", required=True)
+_SUITE = flags.DEFINE_string("suite", None, "benchmark suite: a module of research/benchmarks/ or "
+                             "harness_env/benchmarks/", required=True)
 _OPT = flags.DEFINE_multi_string("opt", [], "suite option key=value (value parsed as JSON if it can be)")
 
 
@@ -29,10 +30,17 @@ def _parse_opts(opts: list[str]) -> dict:
 
 def main(argv):
     del argv
-    try:
-        suite = importlib.import_module(f"research.benchmarks.{_SUITE.value}")
-    except ModuleNotFoundError as e:
-        raise app.UsageError(f"unknown suite {_SUITE.value!r}: {e}") from e
+    suite = None
+    for package in ("research.benchmarks", "harness_env.benchmarks"):
+        try:
+            suite = importlib.import_module(f"{package}.{_SUITE.value}")
+            break
+        except ModuleNotFoundError as e:
+            if e.name != f"{package}.{_SUITE.value}":  # the suite exists but one of its imports is missing
+                raise
+    if suite is None:
+        raise app.UsageError(f"unknown suite {_SUITE.value!r} (no module of that name in research/benchmarks "
+                             "or harness_env/benchmarks)")
     result = suite.run(**_parse_opts(_OPT.value))
     print("BENCH " + json.dumps({"suite": _SUITE.value, **result}, sort_keys=True), flush=True)
 

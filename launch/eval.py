@@ -3,8 +3,11 @@
   python -m launch.eval --tasks=library --harness=reference --k=4 --endpoint=oracle
   python -m launch.eval --tasks=family:heldout --harness=reference,claude_code --k=4 --endpoint=jax
   python -m launch.eval --tasks=/path/to/clawgym_tasks --harness=codex --k=2 --endpoint=sglang:http://gpu:30000
+  python -m launch.eval --tasks=../shared/clawgym/train --limit=20 --seed=1 --harness=openclaw --endpoint=jax
 
---tasks: a ClawGym task dir, `library` (ours), or `family:train|heldout|all[:N]` (the make_file family).
+--tasks: a ClawGym task dir, `library` (ours), or `family:train|heldout|all[:N]` (the make_file family);
+  --split keeps the seeded train/held-out part of a dir (the RL loop's split, same seed and fraction),
+  --limit draws a seeded random sample of that many tasks.
 --endpoint: where the policy runs; the shim always sits in front (every call is captured):
   oracle            scripted replay engine that solves the make_file family (pipeline check),
   replay:FILE       replay engine cycling the completions in FILE (JSON list),
@@ -27,6 +30,10 @@ from harness_env.sandbox import Limits
 
 _DEFAULT_TOK = str(pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "qwen3")
 _TASKS = flags.DEFINE_string("tasks", "library", "task dir | library | family:SPLIT[:N]")
+_SPLIT = flags.DEFINE_enum("split", None, ["all", "train", "heldout"], "part of the seeded train/held-out split")
+_LIMIT = flags.DEFINE_integer("limit", None, "evaluate a seeded random sample of this many tasks")
+_SEED = flags.DEFINE_integer("seed", 0, "seed of the task sample and of the train/held-out split")
+_HELDOUT = flags.DEFINE_float("heldout_fraction", 0.1, "held-out share of a task dir (with --split)")
 _HARNESS = flags.DEFINE_list("harness", ["reference"], "comma-separated harness names")
 _K = flags.DEFINE_integer("k", 4, "samples per task (pass@k for every k in 1, 2, 4, ... <= this)")
 _ENDPOINT = flags.DEFINE_string("endpoint", "oracle", "oracle | replay:FILE | jax[:CKPT] | sglang:URL | openai:URL")
@@ -37,6 +44,8 @@ _TIMEOUT = flags.DEFINE_float("timeout_s", 300.0, "per-rollout harness timeout")
 _TOKENIZER = flags.DEFINE_string("tokenizer", _DEFAULT_TOK, "policy tokenizer dir")
 _THRESHOLD = flags.DEFINE_float("threshold", 1.0, "reward counted as a success")
 _MEMORY = flags.DEFINE_integer("memory_mb", 2048, "sandbox memory limit")
+_WS_MB = flags.DEFINE_integer("workspace_mb", 1024, "workspace disk cap in MiB (0: uncapped); over it: disk_limit")
+_HOME_MB = flags.DEFINE_integer("home_mb", 512, "HOME disk cap in MiB (0: uncapped); over it: disk_limit")
 _MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "agent turns (harnesses that take a limit)")
 _MAX_LEN = flags.DEFINE_integer("max_len", 4096, "--endpoint=jax: longest prompt + completion per slot")
 
@@ -47,9 +56,14 @@ def main(argv):
 
     out = pathlib.Path(_OUT.value)
     tok = load_tokenizer(_TOKENIZER.value)
+    limits = Limits(memory_mb=_MEMORY.value, workspace_mb=_WS_MB.value or None, home_mb=_HOME_MB.value or None)
     cfg = RunnerConfig(out_dir=out, backend=_BACKEND.value, concurrency=_CONC.value, timeout_s=_TIMEOUT.value,
-                       limits=Limits(memory_mb=_MEMORY.value), max_turns=_MAX_TURNS.value)
-    tasks = task_dirs(_TASKS.value, out)
+                       limits=limits, max_turns=_MAX_TURNS.value)
+    try:
+        tasks = task_dirs(_TASKS.value, out, split=_SPLIT.value, limit=_LIMIT.value, seed=_SEED.value,
+                          heldout_fraction=_HELDOUT.value)
+    except ValueError as e:  # TaskError: unknown split, no such dir
+        raise app.UsageError(str(e)) from e
     try:
         engine = build_engine(_ENDPOINT.value, tok, max_len=_MAX_LEN.value)
     except ValueError as e:

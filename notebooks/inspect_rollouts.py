@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from research.capture import CallRecord, read_log
-from research.models.tokenizer import Tokenizer
+from research.models.tokenizer import load_tokenizer
 from research.rl.metrics import read_metrics
 from research.trees.builder import build_tree
 from research.trees.targets import rollout_advantages
@@ -36,7 +36,7 @@ from research.trees.targets import rollout_advantages
 WORKDIR = pathlib.Path(os.environ.get("INSPECT_WORKDIR", "/tmp/demo"))
 OUT = pathlib.Path(os.environ.get("INSPECT_OUT", str(WORKDIR)))
 GROUP = os.environ.get("INSPECT_GROUP", "")
-tok = Tokenizer.from_dir(json.loads((WORKDIR / "config.json").read_text())["tokenizer_dir"])
+tok = load_tokenizer(json.loads((WORKDIR / "config.json").read_text())["tokenizer_dir"] or None)  # "": packaged
 
 # %% [markdown]
 # ## Calls and results of the run, grouped by (group, harness)

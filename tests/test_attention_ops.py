@@ -269,18 +269,3 @@ def test_auto_inside_a_users_shard_map():
         g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(split(q, k, v, seg, end) * w), argnums=(0, 1, 2)))(q, k, v)
     chex.assert_trees_all_close(out, ref, atol=1e-5)
     chex.assert_trees_all_close(g, g_ref, atol=1e-5)
-
-
-def test_pallas_forward_interpret_matches_reference():
-    """The Pallas forward kernel (interpret mode on CPU) on a random tree and a session tree with full blocks."""
-    rows = [
-        random_rows(8, 2, 48)[::2],
-        session_tree_row(prefix=16, sessions=2, turns=3, turn_tokens=(3, 8), block=16, seed=1),
-    ]
-    for seed, (seg, end) in enumerate(r[:2] for r in rows):
-        seg, end = jnp.asarray(seg), jnp.asarray(end)
-        q, k, v = qkv(seed, seg.shape[0], seg.shape[1], 4, 2, 8)
-        g_ref, out_ref = _grads("reference", q, k, v, seg, end)
-        g, out = _grads("pallas", q, k, v, seg, end, block_q=16, block_k=16)
-        chex.assert_trees_all_close(out, out_ref, atol=1e-5)
-        chex.assert_trees_all_close(g, g_ref, atol=1e-5)

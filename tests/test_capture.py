@@ -57,3 +57,96 @@ def test_result_needs_reward_when_ok():
     with pytest.raises(capture.CaptureError, match="no reward"):
         capture.RolloutResult(rollout_id="r", group_id="g", harness="h", status="ok").validate()
     capture.RolloutResult(rollout_id="r", group_id="g", harness="h", status="timeout").validate()
+
+
+def test_orjson_lines_read_like_stdlib_lines_and_non_finite_values(tmp_path):
+    """Lines written by the stdlib serializer (older logs) and by orjson read back the same; a -inf
+    logprob or NaN sub-score keeps the stdlib's -Infinity/NaN (orjson would write null)."""
+    import json
+    import math
+
+    import numpy as np
+
+    rec = _call(0, meta={"model": "é🙂", "n": np.int64(3), "arr": np.arange(3, dtype=np.int32)})
+    line = capture.to_json(rec)
+    assert capture.from_json(line).meta == {"model": "é🙂", "n": 3, "arr": [0, 1, 2]}
+    plain = _call(1)
+    old = json.dumps({"kind": "call", **{k: getattr(plain, k) for k in plain.__dataclass_fields__}},
+                     separators=(",", ":"))
+    assert capture.from_json(old) == plain == capture.from_json(capture.to_json(plain))
+    neg = _call(2, logprobs=[-math.inf, -0.5])
+    assert "-Infinity" in capture.to_json(neg)
+    res = capture.RolloutResult(rollout_id="r", group_id="g", harness="h", status="ok", reward=1.0,
+                                sub_scores={"x": math.nan})
+    path = tmp_path / "log.jsonl"
+    with capture.CaptureLog(path) as log:
+        log.append_many([neg, res, plain])
+    back = list(capture.read_log(path))
+    assert back[0].logprobs[0] == -math.inf and math.isnan(back[1].sub_scores["x"]) and back[2] == plain
+
+
+def test_group_commit_concurrent_appends(tmp_path, monkeypatch):
+    """16 threads appending 400 records: every record lands whole and once, with fewer fsyncs than
+    records (one fsync covers every line queued while the previous one ran)."""
+    import os
+    import threading
+    import time
+
+    n_fsync = [0]
+    real = os.fsync
+
+    def slow_fsync(fd):
+        n_fsync[0] += 1
+        time.sleep(0.002)
+        real(fd)
+
+    monkeypatch.setattr(capture.os, "fsync", slow_fsync)
+    path = tmp_path / "log.jsonl"
+    log = capture.CaptureLog(path)
+
+    def worker(k):
+        for i in range(25):
+            log.append(_call(k * 100 + i, prompt_ids=list(range(1000 + k))))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    recs = list(capture.read_log(path))
+    assert sorted(r.call_index for r in recs) == sorted(k * 100 + i for k in range(16) for i in range(25))
+    assert all(r.prompt_ids == list(range(1000 + r.call_index // 100)) for r in recs)
+    assert n_fsync[0] < 400 / 2
+
+
+def test_failed_write_stops_the_log(tmp_path, monkeypatch):
+    path = tmp_path / "log.jsonl"
+    log = capture.CaptureLog(path)
+    log.append(_call(0))
+
+    def boom(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(capture.os, "fsync", boom)
+    with pytest.raises(OSError, match="No space left"):
+        log.append(_call(1))
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="stopped after a failed write"):
+        log.append(_call(2))  # fail-stop: nothing is acknowledged after a write that may be torn
+
+
+def test_torn_tail_repair_scans_from_the_end(tmp_path):
+    path = tmp_path / "log.jsonl"
+    with capture.CaptureLog(path) as log:
+        for i in range(50):
+            log.append(_call(i, prompt_ids=list(range(3000))))
+    with open(path, "ab") as f:
+        f.write(b'{"kind":"call"' + b" " * 200_000)  # a torn line longer than one scan block
+    with capture.CaptureLog(path) as log:
+        log.append(_call(99))
+    assert [r.call_index for r in capture.read_log(path)] == list(range(50)) + [99]
+    path2 = tmp_path / "only_torn.jsonl"
+    path2.write_bytes(b'{"kind":"ca')
+    capture.CaptureLog(path2).close()
+    assert path2.read_bytes() == b""

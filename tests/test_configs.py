@@ -1,16 +1,16 @@
 """Configs build, hold the real Qwen3-30B-A3B dims, and the parameter counts from the abstract tree are right."""
 
 import json
-import pathlib
 
 import pytest
 
 from configs import qwen3_30b_a3b, tiny
 from research.models import ModelConfig, tiny_dense, tiny_moe
 from research.models.params import abstract_params, count_model_params, count_params
+from research.models.tokenizer import PACKAGED_QWEN3
 from research.train.state import model_config
 
-SHARED_QWEN3 = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "qwen3"
+HF_30B = PACKAGED_QWEN3.parent / "qwen3_30b_a3b_config.json"  # the real Qwen/Qwen3-30B-A3B config.json
 
 DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
         "rms_norm_eps", "rope_theta", "tie_word_embeddings", "num_experts", "num_experts_per_tok",
@@ -23,10 +23,7 @@ def cfg_30b() -> ModelConfig:
 
 
 def test_30b_dims_match_the_real_hf_config(cfg_30b):
-    path = SHARED_QWEN3 / "config.json"
-    if not path.exists():
-        pytest.skip("../shared/qwen3/config.json not present")
-    hf = ModelConfig.from_hf_config(path)
+    hf = ModelConfig.from_hf_config(json.loads(HF_30B.read_text()))
     for field in DIMS:
         assert getattr(cfg_30b, field) == getattr(hf, field), field
     assert cfg_30b.dtype == "bfloat16" and cfg_30b.param_dtype == "float32" and cfg_30b.expert_parallel

@@ -11,11 +11,11 @@ import pytest
 
 from harness_env.harnesses.base import get_harness
 from harness_env.harnesses.scripted import scripted_policy
+from harness_env.rl.rollouts import CappedEngine
 from harness_env.runner import Runner, RunnerConfig, plan
 from harness_env.sandbox import Limits, get_backend
 from harness_env.tasks import LIBRARY
 from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
-from research.rl.rollouts import CappedEngine
 from research.serving.api import Engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]

@@ -6,6 +6,7 @@ would be. The flat side is computed independently from the raw CallRecords (its 
 per-session GAE loop); the tree side goes through build -> stats -> split/pack -> slot losses.
 """
 
+import dataclasses
 import zlib
 
 import jax
@@ -220,3 +221,53 @@ def test_mismatch_metric_and_is_weights():
     np.testing.assert_allclose(k3, [2.0 - 1.0 - np.log(2.0)], rtol=1e-6)
     with pytest.raises(ValueError, match="unknown loss aggregation 'x'"):
         losses.aggregation("x")
+
+
+# ----------------------------------------------------------------------------- hand-computed values
+# The tree and the flat losses share `_ratio`, `kl_term` and `is_weight`; these pin them to numbers
+# worked out by hand, so an error in a shared helper cannot hide behind tree == flat.
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = jnp.log(jnp.asarray([0.5])), jnp.log(jnp.asarray([0.25]))
+    np.testing.assert_allclose(losses.kl_term(logp=logp, ref_logp=ref, estimator="k1"), [np.log(2.0)], rtol=1e-6)
+    # k3: r = ref / pi = 0.5 -> (r - 1) - log r = -0.5 + log 2
+    np.testing.assert_allclose(losses.kl_term(logp=logp, ref_logp=ref, estimator="k3"), [np.log(2.0) - 0.5],
+                               rtol=1e-6)
+    same = losses.kl_term(logp=logp, ref_logp=logp, estimator="k3")
+    assert float(same[0]) == 0.0
+
+
+def test_ratio_clip_and_is_weights_by_hand():
+    cfg = losses.LossConfig(clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0)
+    old = jnp.log(jnp.asarray([0.5, 0.5, 0.5]))
+    ratio, clipped = losses._ratio(jnp.log(jnp.asarray([0.7, 0.3, 0.6])), old, cfg)
+    np.testing.assert_allclose(ratio, [1.4, 0.6, 1.2], rtol=1e-6)
+    np.testing.assert_allclose(clipped, [1.28, 0.8, 1.2], rtol=1e-6)
+    behav = jnp.log(jnp.asarray([0.3, 0.9, 0.45]))  # rho = old / behav = 5/3, 5/9, 10/9
+    np.testing.assert_allclose(losses.is_weight(old_logp=old, behav_logp=behav, cfg=cfg), [5 / 3, 5 / 9, 10 / 9],
+                               rtol=1e-6)
+    np.testing.assert_allclose(losses.is_weight(old_logp=jnp.log(jnp.asarray([0.9])),
+                                                behav_logp=jnp.log(jnp.asarray([0.3])), cfg=cfg), [2.0], rtol=1e-6)
+    mis = dataclasses.replace(cfg, is_correction="mis", mis_low=0.6, mis_high=1.5)
+    np.testing.assert_array_equal(losses.is_weight(old_logp=old, behav_logp=behav, cfg=mis), [0.0, 0.0, 1.0])
+
+
+def test_tree_policy_loss_by_hand():
+    """Three slots: a clipped positive, a clipped negative, and a slot holding both signs."""
+    cfg = losses.LossConfig(clip_low=0.2, clip_high=0.28)
+    logp = jnp.log(jnp.asarray([0.7, 0.3, 0.6]))
+    old = jnp.log(jnp.asarray([0.5, 0.5, 0.5]))
+    loss, m = losses.tree_policy_loss(
+        logp=logp, old_logp=old, behav_logp=old, weight=jnp.asarray([1.0, 1.0, 2.0]),
+        adv_pos=jnp.asarray([2.0, 0.0, 1.0]), adv_neg=jnp.asarray([0.0, -1.0, -0.5]),
+        count=jnp.asarray([1.0, 1.0, 2.0]), normalizer=jnp.asarray(4.0), cfg=cfg)
+    # surrogate: 2 * min(1.4, 1.28) + (-1) * max(0.6, 0.8) + (1 * 1.2 - 0.5 * 1.2) = 2.56 - 0.8 + 0.6 = 2.36
+    np.testing.assert_allclose(loss, -2.36 / 4, rtol=1e-6)
+    np.testing.assert_allclose(m["clip_frac"], 0.5, rtol=1e-6)  # slots 0 and 1 (1 + 1 of 4 occurrences)
+    # the gradient flows only where the ratio is not clipped: d/dlogp of the third slot = -(1 - 0.5) * 1.2 / 4
+    g = jax.grad(lambda lp: losses.tree_policy_loss(
+        logp=lp, old_logp=old, behav_logp=old, weight=jnp.asarray([1.0, 1.0, 2.0]),
+        adv_pos=jnp.asarray([2.0, 0.0, 1.0]), adv_neg=jnp.asarray([0.0, -1.0, -0.5]),
+        count=jnp.asarray([1.0, 1.0, 2.0]), normalizer=jnp.asarray(4.0), cfg=cfg)[0])(logp)
+    np.testing.assert_allclose(g, [0.0, 0.0, -0.5 * 1.2 / 4], atol=1e-7)

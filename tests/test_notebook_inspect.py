@@ -16,7 +16,7 @@ NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "inspect_
 @pytest.mark.timeout(600)
 def test_inspect_rollouts_notebook_on_a_run(tmp_path, monkeypatch):
     from configs import demo_cpu
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
 
     if not get_backend("bwrap").available()[0]:
         pytest.skip("bwrap unavailable")

@@ -57,6 +57,5 @@ def test_without_rl_optim_the_optimizer_continues(step_batch):
 def test_rl_optim_with_another_chain_is_refused():
     cfg = _config(rl_lr=1e-4)
     cfg.rl_optim.clip_norm = 0.0  # no clipping stage: a different optimizer state
-    learner = Learner(cfg)
     with pytest.raises(ValueError, match="same optimizer state structure"):
-        learner.start_rl()
+        Learner(cfg)  # refused when the config is validated, before any state is built

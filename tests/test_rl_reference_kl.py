@@ -7,10 +7,10 @@ import json
 import jax
 import numpy as np
 import pytest
+from tree_oracle import make_full_eval_fn
 
 from research.rl.objective import make_rl_loss_fn, scatter_slots
 from research.rl.trainer import Learner
-from research.trees.objective import make_tree_eval_fn
 
 
 def _config(**rl):
@@ -42,7 +42,7 @@ def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo, step_batch):
     np.testing.assert_array_equal(ref, scatter_slots(np.asarray(own), dev["loss_idx"], dev["loss_valid"], T))
     assert np.all(ref[slots] < 0) and np.all(ref[~slots] == 0)
     # independent check of the slot placement: the full-head tree objective's log-probs at those slots
-    full = make_tree_eval_fn(learner.model_cfg, learner.obj)(
+    full = make_full_eval_fn(learner.model_cfg, learner.obj)(
         jax.device_get(learner.state.params), jax.device_get(learner.state.critic_params), batch.device)
     np.testing.assert_allclose(ref[slots], np.asarray(full["logp"])[slots], rtol=1e-4, atol=1e-4)
     if algo == "ppo":
@@ -103,15 +103,16 @@ def test_saved_reference_is_restored_not_resnapshotted(tmp_path, step_batch):
 def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path, parity_tasks):
     """One GRPO step, stop, then the same run resumed to step 2: kl_ref is ~0 at the first step only (a
     re-snapshot on resume would make it ~0 again at step 2) and the reference on disk is the initial policy."""
+    from harness_env.rl.loop import train
     from harness_env.sandbox import get_backend
-    from research.rl.loop import train
 
     if not get_backend("bwrap").available()[0]:
         pytest.skip("bwrap unavailable")
     cfg = _config(kl_coef=0.1)
     tasks = parity_tasks(tmp_path / "tasks", n=2)
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
-    cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=1)
+    # 2 groups of 4: some reward signal at every step (a step without any would not move the policy)
+    cfg.rollout.update(temperature=1.0, max_turns=1, groups_per_step=2, group_size=4)
     cfg.train.update(steps=1)
     wd = tmp_path / "run"
     assert train(cfg, wd)["rl_step"] == 1

@@ -249,8 +249,14 @@ def test_kill_9_of_the_owner_leaves_no_orphans_after_the_next_start(backend, tmp
         time.sleep(0.05)
     assert _procs_with_argv(["sleep", "317"]) == []
     assert _our_sandboxes(backend, proc.pid) == []
+    # ... and the rollout's disk-capped workspace/HOME mounts were detached too
+    assert not [m for m in _mount_points() if str(tmp_path) in m]
     if backend.name == "bwrap":
         assert not any(pathlib.Path("/sys/fs/cgroup").glob(f"*/harness-rl.sandbox/{sids[0]}"))
+
+
+def _mount_points() -> list[str]:
+    return [line.split()[4] for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines()]
 
 
 def _our_sandboxes(backend, owner_pid: int) -> list[str]:

@@ -3,6 +3,7 @@ import asyncio
 import io
 import json
 import os
+import pathlib
 import tarfile
 import types
 
@@ -141,3 +142,107 @@ def test_reap_removes_only_pods_of_dead_owners_on_this_host(tmp_path):
         api.pods[name] = {"metadata": {"annotations": {OWNER: json.dumps(ann) if ann else "{"}}}
     n = asyncio.run(KubernetesBackend(api=api, exec_fn=FakeExec()).reap())
     assert n == 1 and api.deleted == ["dead"] and os.getpid() == owner_record()["pid"]
+
+
+def test_task_workspace_path_and_disk_caps_in_the_pod(tmp_path):
+    spec = _spec(tmp_path, workspace_dir="/root/.openclaw/workspace")
+    spec.limits = Limits(workspace_mb=300, home_mb=100)
+    m = pod_manifest("hrl-x", "ns", spec, "img:1", None)
+    c, vols = m["spec"]["containers"][0], {v["name"]: v for v in m["spec"]["volumes"]}
+    assert c["workingDir"] == "/root/.openclaw/workspace"
+    assert {v["mountPath"] for v in c["volumeMounts"]} == {"/root/.openclaw/workspace", "/home/agent", "/tmp"}
+    assert vols["workspace"]["emptyDir"] == {"sizeLimit": "300Mi"}
+    assert vols["home"]["emptyDir"] == {"sizeLimit": "100Mi"}
+    assert "readinessProbe" not in c and c["command"] == ["/bin/sleep", "infinity"]  # no shim: no forwarder
+
+
+def _hostile_tar() -> bytes:
+    """What a pod's agent can leave: links out, `..` members, absolute names, a device node, a setuid file."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name, data=b"", **kw):
+            ti = tarfile.TarInfo(name)
+            for k, v in kw.items():
+                setattr(ti, k, v)
+            ti.size = len(data) if ti.type == tarfile.REGTYPE else 0
+            tar.addfile(ti, io.BytesIO(data) if ti.type == tarfile.REGTYPE else None)
+        add("./output/answer.txt", b"42\n")
+        add("./hostlink", type=tarfile.SYMTYPE, linkname="/etc")
+        add("./hostlink/evil.conf", b"pwned")  # would write /etc/evil.conf through the link
+        add("../escape.txt", b"pwned")
+        add("/abs.txt", b"pwned")
+        add("./dev", type=tarfile.CHRTYPE, devmajor=1, devminor=3)
+        add("./suid", b"#!/bin/sh\n", mode=0o4755)
+        add("./inner", type=tarfile.SYMTYPE, linkname="output/answer.txt")
+    return buf.getvalue()
+
+
+class ExportExec(FakeExec):
+    def __call__(self, pod, namespace, cmd, stdin):
+        self.calls.append((pod, cmd, stdin))
+        if "-c" in cmd and "tar" in cmd:
+            return 0, _hostile_tar(), b""
+        return 0, b"", b""
+
+
+def test_export_workspace_kills_everything_and_extracts_only_inside(tmp_path):
+    api, ex = FakeApi(pending_polls=0), ExportExec()
+    b = KubernetesBackend(api=api, exec_fn=ex, poll_s=0.001, reap=False)
+    spec = _spec(tmp_path, workspace_dir="/root/.openclaw/workspace")
+    (spec.workspace / "stale.txt").write_text("from before the rollout")
+
+    async def go():
+        async with await b.create(spec) as sbx:
+            await sbx.export_workspace()
+
+    asyncio.run(go())
+    cmds = [c for _, c, _ in ex.calls]
+    kill = next(i for i, c in enumerate(cmds) if "kill -9 -1" in " ".join(c))
+    tar_c = next(i for i, c in enumerate(cmds) if "-c" in c and "tar" in c)
+    assert kill < tar_c and cmds[tar_c][-3:] == ["-C", "/root/.openclaw/workspace", "."]
+    ws = spec.workspace
+    assert (ws / "output" / "answer.txt").read_text() == "42\n" and os.readlink(ws / "inner") == "output/answer.txt"
+    assert not (ws / "stale.txt").exists()  # the workspace IS what the pod had
+    assert not (tmp_path / "escape.txt").exists() and not pathlib.Path("/abs.txt").exists()
+    assert (ws / "abs.txt").read_text() == "pwned"  # an absolute member name lands inside, stripped of its "/"
+    assert not pathlib.Path("/etc/evil.conf").exists() and not (ws / "dev").exists()
+    assert not (ws / "suid").exists() or not (ws / "suid").stat().st_mode & 0o4000
+
+
+def test_pod_evicted_for_storage_is_disk_exceeded_not_infra(tmp_path):
+    class Evicting(FakeApi):
+        def read_namespaced_pod(self, name, namespace):
+            st = super().read_namespaced_pod(name, namespace).status
+            st.message = "Pod ephemeral local storage usage exceeds the total limit of containers 300Mi."
+            return types.SimpleNamespace(status=st)
+
+    def exec_fn(pod, namespace, cmd, stdin):
+        if "tar" in cmd:
+            return 0, b"", b""
+        raise ConnectionError("pod is gone")
+
+    b = KubernetesBackend(api=Evicting(pending_polls=0), exec_fn=exec_fn, poll_s=0.001, reap=False)
+
+    async def go():
+        async with await b.create(_spec(tmp_path)) as sbx:
+            return await sbx.exec(["sh", "-c", "yes > big"])
+
+    res = asyncio.run(go())
+    assert res.disk_exceeded and "ephemeral local storage" in res.stderr
+
+
+def test_cancelled_exec_deletes_the_pod(tmp_path):
+    api, ex = FakeApi(pending_polls=0), FakeExec(delay=2.0)
+    b = KubernetesBackend(api=api, exec_fn=ex, poll_s=0.001, reap=False)
+
+    async def go():
+        sbx = await b.create(_spec(tmp_path))
+        t = asyncio.ensure_future(sbx.exec(["sleep", "100"]))
+        await asyncio.sleep(0.2)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        return sbx
+
+    sbx = asyncio.run(go())
+    assert sbx.closed and api.deleted == [sbx.pod]

@@ -75,6 +75,86 @@ def test_segment_tokenization_is_exact_fuzz(tok, turns):
     assert SessionRenderer(tok).build(msgs, TOOLS, enable_thinking=True).ids == tok.encode(text)
 
 
+MSG = st.tuples(st.sampled_from(["user", "assistant", "tool", "system", "wrapped"]), TEXT)
+OP = st.one_of(st.tuples(st.just("append"), st.lists(MSG, min_size=1, max_size=3)),
+               st.tuples(st.just("replace"), st.integers(0, 12), MSG),
+               st.tuples(st.just("copy"), st.integers(0, 12)),  # same content, a new object
+               st.tuples(st.just("truncate"), st.integers(0, 12)),
+               st.tuples(st.just("tools"), st.booleans()))
+
+
+def _msg(role, text):
+    if role == "wrapped":  # a user turn that is a tool response: moves the template's last-query point
+        return Message("user", f"<tool_response>{text}</tool_response>")
+    return Message(role, text, (text[::-1] or None) if role == "assistant" else None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(MSG, min_size=1, max_size=5), st.lists(OP, min_size=1, max_size=8))
+def test_incremental_prompt_equals_a_fresh_build(tok, first, ops):
+    """A session renderer reusing its previous prompt (append, rewrite, copies, truncation, tool
+    changes, last-query moves) builds exactly what a fresh build of the same request builds."""
+    r, msgs, tools = SessionRenderer(tok), [_msg(*m) for m in first], TOOLS
+    for op in [("noop",)] + ops:
+        if op[0] == "append":
+            msgs = msgs + [_msg(*m) for m in op[1]]
+        elif op[0] == "replace" and msgs:
+            msgs = msgs[:op[1] % len(msgs)] + [_msg(*op[2])] + msgs[op[1] % len(msgs) + 1:]
+        elif op[0] == "copy" and msgs:
+            i = op[1] % len(msgs)
+            m = msgs[i]
+            msgs = msgs[:i] + [Message(m.role, m.content, m.reasoning)] + msgs[i + 1:]
+        elif op[0] == "truncate":
+            msgs = msgs[:max(1, op[1])]
+        elif op[0] == "tools":
+            tools = TOOLS if op[1] else []
+        got = r.build(msgs, tools, enable_thinking=True)
+        fresh = SessionRenderer(tok).build(msgs, tools, enable_thinking=True)
+        text = "".join(s for s, _ in render_segments(msgs, tools)) + generation_prompt(True)
+        assert got.ids == fresh.ids == tok.encode(text)
+        assert got.retokenized_turns == fresh.retokenized_turns and got.head_ids == fresh.head_ids
+
+
+U, T = Message("user", "q"), Message("tool", "out")
+A_R, A = Message("assistant", "ans", "why"), Message("assistant", "ans")
+
+
+@pytest.mark.parametrize("before, added", [
+    ([U, A_R, T], [Message("user", "next q")]),  # the last query moves past a turn with reasoning
+    ([U, A], [T]),  # the last assistant turn is no longer last (its empty think block goes)
+    ([U, A, T], [Message("tool", "more")]),  # the tool-response group grows
+    ([Message("system", "s"), U, A_R], [Message("user", "<tool_response>x</tool_response>")]),
+    ([U, A_R, Message("user", "<tool_response>x</tool_response>"), A_R], [Message("user", "real")]),
+])
+def test_incremental_prompt_context_changes(tok, before, added):
+    r = SessionRenderer(tok)
+    r.build(before, TOOLS, enable_thinking=True)
+    got = r.build(before + added, TOOLS, enable_thinking=True)
+    assert got.ids == SessionRenderer(tok).build(before + added, TOOLS, enable_thinking=True).ids
+    assert r.build(before + added, [], enable_thinking=True).ids == SessionRenderer(tok).build(
+        before + added, [], enable_thinking=True).ids  # tools changed: nothing of the header is reused
+
+
+def test_incremental_prompt_keeps_generated_turns_and_costs_new_messages(tok):
+    """An agent loop: each request resends the history (same Message objects) plus the reply and a
+    tool result; the prompt extends the previous one token for token and only new text is tokenized."""
+    r = SessionRenderer(tok)
+    msgs = [Message("system", "sys"), Message("user", "go")]
+    prev = r.build(msgs, TOOLS, enable_thinking=True)
+    for k in range(4):
+        completion = tok.encode(f"step {k}") + [151645]
+        r.remember(((f"step {k}", "", ()), (f"step {k}", None, ())), GeneratedTurn(f"c{k}", prev.head_ids, completion))
+        new = [Message("assistant", f"step {k}"), Message("tool", f"out {k}")]
+        msgs = msgs + new
+        p = r.build(msgs, TOOLS, enable_thinking=True)
+        assert p.ids[:len(prev.ids) + len(completion)] == prev.ids + completion
+        assert p.exact_turns == k + 1 and p.exact_call_ids == [f"c{i}" for i in range(k + 1)]
+        tool_seg = f"<|im_start|>user\n<tool_response>\nout {k}\n</tool_response><|im_end|>\n"
+        assert p.tokenized_tokens == len(tok.encode(tool_seg))  # the cached generation prompt is free
+        assert r._memo.segs[-1].end == len(msgs) - 1
+        prev = p
+
+
 def test_generated_turn_is_put_back_as_exact_ids(tok):
     r = SessionRenderer(tok)
     msgs = [Message("user", "hi")]

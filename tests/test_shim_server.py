@@ -8,7 +8,7 @@ import anthropic
 import openai
 import pytest
 
-from research.capture import read_log
+from research.capture import read_log, to_json_bytes
 from research.models.tokenizer import load_tokenizer
 from research.serving.replay import ReplayEngine, replay_logprob
 from research.shim.testing import running_shim
@@ -33,7 +33,12 @@ def run(coro):
 
 
 def calls(path):
-    return [r for r in read_log(path)]
+    """The records of a log, checking each line is exactly what `to_json_bytes` writes for it (the
+    shim splices the prompt's ids from the previous call's bytes)."""
+    recs = list(read_log(path))
+    lines = [ln for ln in open(path, "rb").read().split(b"\n") if ln]
+    assert [to_json_bytes(r) for r in recs] == lines
+    return recs
 
 
 def assert_append_only(recs):
@@ -216,7 +221,7 @@ def test_sessions_enforced_401_shapes_and_open_mode(tok, tmp_path):
                                         extra_headers={"X-Claude-Code-Session-Id": sid})
             o = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
             await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-            out["open"] = sorted((sid, len(s.records)) for sid, s in srv.sessions.items())
+            out["open"] = sorted((sid, s.n_calls) for sid, s in srv.sessions.items())
         return out
 
     out = run(go())

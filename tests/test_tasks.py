@@ -1,7 +1,6 @@
 """The task library's checkers really check; loader errors; the make_file family; synthesis."""
 import asyncio
 import json
-import pathlib
 
 import pytest
 
@@ -54,8 +53,8 @@ def test_loader_errors_name_the_problem(tmp_path):
     with pytest.raises(TaskError, match="input_mount_dir"):
         load_task(tmp_path)
     (tmp_path / "data_entry.json").write_text(json.dumps({"task_id": "x", "user_query": "q",
-                                                           "input_mount_dir": "/workspace/in"}))
-    assert load_task(tmp_path).input_target(pathlib.Path("/w")) == pathlib.Path("/w/in")
+                                                           "input_mount_dir": "/srv/job/ws/"}))
+    assert load_task(tmp_path).workspace_dir == "/srv/job/ws"
 
 
 def test_parse_reward():

@@ -1,6 +1,7 @@
 """Acceptance of the training state on the tiny Qwen3-MoE: sharded == single device (loss and grads),
 orbax save -> restore -> next loss bit-identical, restore onto another mesh, no recompiles across
-packed-tree shapes, and the config-driven `create_train_state`."""
+packed-tree shapes, and the state built from a config. The loss is a plain next-token NLL over packed rows
+(defined here: the production objective is research/rl/objective.py, tested in test_rl_objective.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,20 +11,37 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import tiny
-from research.models import Qwen3, dummy_inputs, tiny_moe
+from research.models import Qwen3, head_weight, tiny_moe
+from research.models.logprobs import token_logprobs
 from research.train.checkpoint import Checkpointer
 from research.train.optim import default_optim_config, make_optimizer
 from research.train.state import (
-    StateInit,
     abstract_train_state,
-    create_train_state,
     init_train_state,
     make_mesh,
     model_config,
+    policy_state_init,
 )
-from research.train.step import make_sft_loss_fn, make_train_step
+from research.train.step import make_train_step
 
 ROWS, T = 4, 32
+
+
+def make_sft_loss_fn(model_cfg, *, logprob_chunk: int = 1024):
+    """Token-mean NLL of `targets` where `loss_mask` (tokens, positions, segment_ids, subtree_end rows)."""
+
+    def loss_fn(params, batch, rng):
+        del rng
+        hidden = Qwen3(model_cfg).apply({"params": params}, batch["tokens"], batch["positions"],
+                                        batch["segment_ids"], batch["subtree_end"])
+        logp, ent = token_logprobs(hidden, head_weight(params, model_cfg), batch["targets"], chunk_size=logprob_chunk,
+                                   return_entropy=True)
+        mask = batch["loss_mask"].astype(jnp.float32)
+        n = jnp.maximum(mask.sum(), 1.0)
+        nll = -(logp * mask).sum() / n
+        return nll, {"nll": nll, "entropy": (ent * mask).sum() / n, "num_tokens": mask.sum()}
+
+    return loss_fn
 
 
 def _tree_row(rng: np.random.Generator, vocab: int) -> dict[str, np.ndarray]:
@@ -58,7 +76,7 @@ def _batch(seed: int, vocab: int = 128) -> dict[str, jax.Array]:
 
 def _init(cfg):
     opt, _ = make_optimizer(_optim())
-    return StateInit(init_fn=lambda r: Qwen3(cfg).init(r, *dummy_inputs())["params"], optimizer=opt)
+    return policy_state_init(cfg, opt)
 
 
 def _optim():
@@ -126,12 +144,13 @@ def test_train_step_resume_bit_identical_and_other_mesh(tmp_path):
         np.testing.assert_allclose(float(m2["loss"]), losses[2], rtol=1e-5)
 
 
-def test_create_train_state_from_tiny_config():
+def test_train_state_from_tiny_config():
     config = tiny.get_config()
     config.mesh.update(data=2, fsdp=2, expert=1, tensor=2)
     mesh = make_mesh(config.mesh)
-    state, sh = create_train_state(config, mesh, jax.random.PRNGKey(0))
     cfg = model_config(config)
+    state, sh = init_train_state(policy_state_init(cfg, make_optimizer(config.optim)[0]), mesh, cfg.logical_rules,
+                                 jax.random.PRNGKey(0))
     assert cfg == tiny_moe()
     assert state.params["lm_head"].sharding.spec == P("fsdp", "tensor")
     assert state.params["lm_head"].dtype == jnp.float32
@@ -148,5 +167,5 @@ def test_make_mesh_errors():
         make_mesh(dict(data=2, fsdp=2, expert=2, tensor=2), jax.devices()[:8])
     with pytest.raises(ValueError, match="not divisible"):
         make_mesh(dict(data=-1, fsdp=3, expert=1, tensor=1), jax.devices()[:8])
-    with pytest.raises(ValueError, match="at most one axis"):
+    with pytest.raises(ValueError, match="at most one mesh axis"):
         make_mesh(dict(data=-1, fsdp=-1, expert=1, tensor=1))

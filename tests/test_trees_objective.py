@@ -1,5 +1,6 @@
-"""The tree objective on the real tiny MoE model: tree rows == flat per-call rows (loss and grads),
-and the jitted train step does not recompile for different tree shapes."""
+"""The training objective (research/rl/objective.py, head on every slot) on the real tiny MoE model: tree
+rows == flat per-call rows (loss and grads), routing replay, and the jitted train step does not recompile
+for different tree shapes."""
 
 import jax
 import jax.numpy as jnp
@@ -8,21 +9,15 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from research import losses
-from research.models import Qwen3, dummy_inputs, init_params, tiny_moe
+from research.models import init_params, tiny_moe
+from research.rl.objective import Objective, all_slots, init_critic_params, make_eval_fn, make_rl_loss_fn
 from research.train.optim import default_optim_config, make_optimizer
-from research.train.state import StateInit, init_train_state, make_mesh
+from research.train.state import init_train_state, make_mesh, policy_state_init
 from research.train.step import make_train_step
 from research.trees import synthetic
 from research.trees.builder import build_tree
-from research.trees.objective import (
-    TreeObjective,
-    init_critic_params,
-    make_tree_eval_fn,
-    make_tree_loss_fn,
-    ppo_stats_from_values,
-)
 from research.trees.packing import pack_routed_experts, pack_trees
-from research.trees.targets import node_stats, normalizer, rollout_advantages
+from research.trees.targets import node_stats, normalizer, ppo_stats_from_values, rollout_advantages
 
 CFG = tiny_moe()
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index", "behav_logp", "weight", "count",
@@ -49,7 +44,9 @@ def _tree_and_flat(groups, agg, row_len=128, num_rows=None):
 
 
 def _jnp(packed):
-    return {k: jnp.asarray(packed[k]) for k in BATCH_KEYS}
+    idx, valid = all_slots(*packed["tokens"].shape)
+    return {**{k: jnp.asarray(packed[k]) for k in BATCH_KEYS}, "loss_idx": jnp.asarray(idx),
+            "loss_valid": jnp.asarray(valid)}
 
 
 def test_model_tree_rows_equal_flat_rows():
@@ -57,7 +54,7 @@ def test_model_tree_rows_equal_flat_rows():
     params = init_params(CFG, jax.random.PRNGKey(0))
     _, tree_b, flat_b = _tree_and_flat(_groups(0), agg, num_rows=6)
     assert flat_b["segment_ids"].astype(bool).sum() > 1.5 * tree_b["segment_ids"].astype(bool).sum()
-    loss_fn = make_tree_loss_fn(CFG, TreeObjective(loss=losses.LossConfig(aggregation=agg, entropy_coef=0.01)))
+    loss_fn = make_rl_loss_fn(CFG, Objective(loss=losses.LossConfig(aggregation=agg, entropy_coef=0.01)))
     f = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, None)[0]))
     tl, tg = f(params, _jnp(tree_b))
     fl, fg = f(params, _jnp(flat_b))
@@ -74,8 +71,8 @@ def test_routing_replay_uses_recorded_experts():
     batch = _jnp(tree_b)
     batch["expert_ids"] = jnp.asarray(pack_routed_experts(trees, tree_b))
     assert (batch["expert_ids"] >= 0).any() and (batch["expert_ids"] < 0).any()
-    on = make_tree_loss_fn(CFG, TreeObjective())(params, batch, None)[0]
-    off = make_tree_loss_fn(CFG, TreeObjective(routing_replay=False))(params, batch, None)[0]
+    on = make_rl_loss_fn(CFG, Objective())(params, batch, None)[0]
+    off = make_rl_loss_fn(CFG, Objective(routing_replay=False))(params, batch, None)[0]
     assert np.isfinite(float(on)) and float(on) != float(off)  # random recorded routing changes the loss
 
 
@@ -84,22 +81,21 @@ def _state(obj=None):
     opt, _ = make_optimizer(default_optim_config())
     kw = {}
     if obj is not None and obj.critic != "none":
-        kw = dict(critic_init_fn=lambda r: init_critic_params(CFG, obj, r), critic_optimizer=opt)
-    init = StateInit(init_fn=lambda r: Qwen3(CFG).init(r, *dummy_inputs())["params"], optimizer=opt, **kw)
+        kw = dict(critic_init_fn=lambda r: init_critic_params(CFG, r), critic_optimizer=opt)
+    init = policy_state_init(CFG, opt, **kw)
     state, shardings = init_train_state(init, mesh, CFG.logical_rules, jax.random.PRNGKey(0))
     return mesh, opt, state, shardings
 
 
-@pytest.mark.parametrize("critic", ["none", pytest.param("head", marks=pytest.mark.slow),
-                                    pytest.param("separate", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("critic", ["none", pytest.param("head", marks=pytest.mark.slow)])
 def test_train_step_on_tree_batches_does_not_recompile(critic):
     loss_cfg = losses.LossConfig(algo="grpo" if critic == "none" else "ppo")
-    obj = TreeObjective(loss=loss_cfg, critic=critic, critic_model=CFG if critic == "separate" else None)
+    obj = Objective(loss=loss_cfg, critic=critic)
     mesh, opt, state, shardings = _state(obj)
-    step = make_train_step(loss_fn=make_tree_loss_fn(CFG, obj), optimizer=opt, state_shardings=shardings,
+    step = make_train_step(loss_fn=make_rl_loss_fn(CFG, obj), optimizer=opt, state_shardings=shardings,
                            batch_shardings=NamedSharding(mesh, PartitionSpec()),
                            critic_optimizer=opt if critic != "none" else None)
-    eval_fn = make_tree_eval_fn(CFG, obj)
+    eval_fn = make_eval_fn(CFG, obj)
     shapes = set()
     for seed in (2, 3, 4):
         groups = _groups(seed, sessions=2 + seed % 2, turns=1 + seed % 3)

@@ -35,7 +35,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 
 
 def success(r: RolloutResult, threshold: float = 1.0) -> bool:
-    return r.status == "ok" and r.reward is not None and r.reward >= threshold
+    return r.success(threshold)  # one definition: research/capture.py
 
 
 @dataclasses.dataclass

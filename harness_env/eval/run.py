@@ -8,17 +8,21 @@ import tempfile
 
 from harness_env.eval import analytics, metrics, report
 from harness_env.runner import Runner, RunnerConfig, plan
-from harness_env.tasks import LIBRARY, discover, family
+from harness_env.tasks import family
+from harness_env.tasks.select import parse_spec, select_tasks
 from research.capture import CaptureLog, RolloutResult, read_log
 
 
-def task_dirs(spec: str, scratch: pathlib.Path) -> list[pathlib.Path]:
-    if spec == "library":
-        return discover(LIBRARY)
-    if spec.startswith("family:"):
-        _, split, *n = spec.split(":")
-        return family.generate(scratch / "family_tasks", split, int(n[0]) if n else None)
-    return discover(spec)
+def task_dirs(spec: str, scratch: pathlib.Path, *, split: str | None = None, limit: int | None = None,
+              seed: int = 0, heldout_fraction: float = 0.1) -> list[pathlib.Path]:
+    """`--tasks` (library | family:SPLIT[:N] | make_file | DIR) through the one task selection
+    (harness_env/tasks/select.py); explicit split/limit override what the spec string says."""
+    source, kw = parse_spec(spec)
+    if split is not None:
+        kw["split"] = split
+    if limit is not None:
+        kw["limit"] = limit
+    return select_tasks(source, seed=seed, heldout_fraction=heldout_fraction, scratch=scratch, **kw)
 
 
 def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | None = None):  # noqa: ANN001

@@ -184,14 +184,18 @@ class Harness(abc.ABC):
             for stream in ("stdout", "stderr"):
                 (dest / f"{stream}.txt").write_text(as_text(getattr(result, stream, "")))
                 kept.append(f"{stream}.txt")
+        real_home = host_home.resolve()
         for pattern in self.log_globs:
             for src in sorted(host_home.glob(pattern)):
-                if src.is_file():
-                    rel = src.relative_to(host_home)
-                    target = dest / "home" / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(src, target)
-                    kept.append(str(pathlib.Path("home") / rel))
+                # HOME is the agent's: keep only regular files really inside it (no link to a host file,
+                # no FIFO that would block the copy, no file reached through a linked directory).
+                if src.is_symlink() or not src.is_file() or real_home not in src.resolve().parents:
+                    continue
+                rel = src.relative_to(host_home)
+                target = dest / "home" / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target, follow_symlinks=False)
+                kept.append(str(pathlib.Path("home") / rel))
         return kept
 
     def __repr__(self) -> str:

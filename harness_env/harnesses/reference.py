@@ -34,6 +34,8 @@ class ReferenceHarness(Harness):
     python = "python3"  # resolved on the sandbox PATH (host /usr is mounted in every backend)
     tools: tuple[str, ...] = ()  # a subset of the agent's tools (empty: all of them)
     system: str = ""  # a system prompt replacing the agent's default (empty: the default)
+    answers: int = 1  # plain answers before the agent ends (> 1: a multi-turn chat with `followup`)
+    followup: str = ""
 
     async def prepare(self, host_home: pathlib.Path, ctx: SessionContext) -> None:
         await super().prepare(host_home, ctx)
@@ -48,6 +50,7 @@ class ReferenceHarness(Harness):
             "--max-turns", str(ctx.max_turns),
             *(["--tools", ",".join(self.tools)] if self.tools else []),
             *(["--system", self.system] if self.system else []),
+            *(["--answers", str(self.answers), "--followup", self.followup] if self.answers > 1 else []),
             prompt,
         ]
 
@@ -83,3 +86,15 @@ class ReferenceBashHarness(ReferenceHarness):
     name = "reference_bash"
     tools = ("bash",)
     system = "You are a software agent. Use the bash tool."
+
+
+@register
+class ReferenceDialogHarness(ReferenceHarness):
+    """A multi-turn chat through the reference agent: two plain answers, the user saying "Again." in between,
+    so every rollout makes >= 2 calls whose prompts extend each other (chat-graded tasks score the transcript)."""
+
+    name = "reference_dialog"
+    tools = ("bash",)
+    system = "You are a helpful assistant."
+    answers = 2
+    followup = "Again."

@@ -10,6 +10,8 @@ prints one JSON event per line on stdout (`{"type": "turn", ...}` per model call
 
 `--tools` keeps a subset of the tools (in the given order) and `--system` replaces the system prompt:
 a tiny from-scratch policy learns far faster from a ~180-token prompt than from the ~400-token default.
+`--answers N --followup TEXT` makes it a multi-turn chat: after each plain answer but the N-th, the user
+says TEXT and the model answers again (every call extends the previous one: one prefix-tree path).
 """
 
 import argparse
@@ -122,6 +124,8 @@ def main(argv=None):
     ap.add_argument("--tools", default=",".join(t["function"]["name"] for t in TOOLS),
                     help="comma-separated subset of: " + ", ".join(t["function"]["name"] for t in TOOLS))
     ap.add_argument("--system", default=SYSTEM, help="the system prompt")
+    ap.add_argument("--answers", type=int, default=1, help="plain answers before the chat ends")
+    ap.add_argument("--followup", default="Go on.", help="the user's message after each answer but the last")
     ap.add_argument("prompt")
     a = ap.parse_args(argv)
     by_name = {t["function"]["name"]: t for t in TOOLS}
@@ -136,7 +140,7 @@ def main(argv=None):
     messages = [{"role": "system", "content": a.system}, {"role": "user", "content": a.prompt}]
     for m in messages:
         transcript.write(json.dumps(m) + "\n")
-    final, status, turns = "", "max_turns", 0
+    final, status, turns, answers = "", "max_turns", 0, 0
     try:
         while turns < a.max_turns:
             turns += 1
@@ -151,7 +155,13 @@ def main(argv=None):
             transcript.write(json.dumps(turn) + "\n")
             emit({"type": "turn", "turn": turns, "tool_calls": [c["function"]["name"] for c in calls],
                   "content": turn["content"]})
-            if not calls:  # a plain answer ends the loop, like the CLIs do
+            if not calls:  # a plain answer ends the loop, like the CLIs do (after --answers of them)
+                answers += 1
+                if answers < a.answers:
+                    follow = {"role": "user", "content": a.followup}
+                    messages.append(follow)
+                    transcript.write(json.dumps(follow) + "\n")
+                    continue
                 final, status = turn["content"], "completed"
                 break
             finished = False

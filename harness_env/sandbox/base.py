@@ -1,28 +1,62 @@
 """One async sandbox interface for every backend (bwrap, docker, kubernetes).
 
-A rollout gets one sandbox: a workspace (mounted rw at /workspace), a private HOME (/home/agent),
+A rollout gets one sandbox: a workspace (mounted rw at `spec.workspace_dir`, by default /workspace; a
+task may name another, e.g. ClawGym's /root/.openclaw/workspace), a private HOME (/home/agent),
 read-only mounts (the harness install dir, node), no network except the shim, which a forwarder
-started inside exposes as 127.0.0.1:`shim_port`, and CPU / memory / pids / wall-clock limits.
-The verifier's files are copied in with `copy_in` only after the harness exec returned, so the
-harness never sees them. Every backend records what it started so `reap()` at start-up can clean up
-after an orchestrator that died (kill -9) before calling `close()`.
+started inside exposes as 127.0.0.1:`shim_port`, and CPU / memory / pids / wall-clock limits (disk
+caps for workspace and HOME: harness_env/sandbox/disk.py). The verifier runs later in a *second*,
+fresh sandbox over the same workspace (harness_env/runner.py), so nothing the agent started or left
+outside the workspace reaches it. Every backend records what it started so `reap()` at start-up can
+clean up after an orchestrator that died (kill -9) before calling `close()`.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import os
 import pathlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
-WORKSPACE = "/workspace"
+WORKSPACE = "/workspace"  # the default workspace path inside a sandbox (SandboxSpec.workspace_dir)
 HOME = "/home/agent"
 SHIM_SOCKET_IN = "/run/hrl/shim.sock"  # where the shim's Unix socket appears inside the sandbox
 FORWARDER_IN = "/opt/hrl/forwarder.py"
 FORWARDER_HOST = pathlib.Path(__file__).with_name("forwarder.py")
 LABEL = "harness-rl.sandbox"  # docker/k8s label (and cgroup/state-dir name) marking our sandboxes
+# The environment the orchestrator starts sandbox processes (bwrap, prlimit, sh) with: bwrap's own init
+# is PID 1 inside and keeps the environment it was started with, readable there as /proc/1/environ.
+LAUNCH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# A workspace may neither be, nor lie in, nor contain one of these: the sandbox's system and runtime dirs.
+RESERVED_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                 "/sys", "/tmp", "/usr", "/var", "/opt/hrl", "/opt/harness-rl", HOME)
+
+
+def check_workspace_dir(path: object) -> str:
+    """The in-sandbox workspace path a task asks for, validated: absolute, normalised, not a system dir.
+    Raises ValueError naming the problem (the task loader turns it into `task_error`)."""
+    if not isinstance(path, str):
+        raise ValueError(f"must be a string, not {type(path).__name__}")
+    return _check_workspace_dir(path)
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_workspace_dir(path: str) -> str:
+    if not path.startswith("/") or path.startswith("//"):
+        raise ValueError(f"{path!r} is not an absolute path")
+    if len(path) > 255 or any(ord(c) < 32 or c == "\x7f" for c in path):
+        raise ValueError(f"{path[:80]!r}: too long or holds control characters")
+    path = path.rstrip("/")
+    if not path:
+        raise ValueError("the workspace cannot be /")
+    if any(part in ("", ".", "..") for part in path.split("/")[1:]):
+        raise ValueError(f"{path!r} is not a normalised path (no '.', '..', '//')")
+    for r in RESERVED_DIRS:
+        if path == r or path.startswith(r + "/") or r.startswith(path + "/"):
+            raise ValueError(f"{path!r} overlaps the sandbox's own {r}")
+    return path
 
 
 class SandboxError(RuntimeError):
@@ -41,6 +75,10 @@ class Limits:
     memory_mb: int = 2048
     pids: int = 512
     wall_s: float = 900.0  # whole-sandbox lifetime cap; each exec also takes its own timeout
+    # Disk caps (MiB; None = uncapped) of the workspace and of HOME; exceeding one ends the rollout with
+    # status `disk_limit`. Size-limited tmpfs mounts where the host allows, else a watcher (disk.py).
+    workspace_mb: int | None = 1024
+    home_mb: int | None = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +93,20 @@ class SandboxSpec:
     """What a rollout needs. Paths are host paths; targets are paths inside the sandbox."""
 
     workspace: pathlib.Path
-    home: pathlib.Path | None = None
+    home: pathlib.Path | None = None  # None: a fresh empty HOME (the verifier's sandbox)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     limits: Limits = dataclasses.field(default_factory=Limits)
     mounts: list[Mount] = dataclasses.field(default_factory=list)
     shim_socket: pathlib.Path | None = None  # host Unix socket of the shim
+    shim: bool = True  # False: no route to the shim at all (the verifier's sandbox), whatever the backend
     shim_port: int = 18080  # loopback TCP port the forwarder listens on inside the sandbox
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     name: str = ""  # usually the rollout id; becomes part of the sandbox id
     image: str = "harness-rl/sandbox:latest"  # docker / kubernetes only
+    workspace_dir: str = WORKSPACE  # where the workspace appears inside (check_workspace_dir-validated)
+
+    def __post_init__(self) -> None:
+        self.workspace_dir = check_workspace_dir(self.workspace_dir)
 
     def sandbox_id(self) -> str:
         stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.name)[:40].strip("-")
@@ -77,7 +120,7 @@ class SandboxSpec:
             "LANG": "C.UTF-8",
             "TMPDIR": "/tmp",
         }
-        if self.shim_socket is not None:
+        if self.shim_socket is not None and self.shim:
             env["HRL_SHIM_URL"] = f"http://127.0.0.1:{self.shim_port}"
         return {**env, **self.env}
 
@@ -90,6 +133,7 @@ class ExecResult:
     timed_out: bool = False
     duration_s: float = 0.0
     oom_killed: bool = False
+    disk_exceeded: bool = False  # the backend saw a disk cap hit (kubernetes: evicted for ephemeral storage)
 
     @property
     def ok(self) -> bool:
@@ -110,15 +154,22 @@ class Sandbox(abc.ABC):
         argv: Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
-        cwd: str = WORKSPACE,
+        cwd: str | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """Runs argv inside; on timeout kills its whole process tree and returns timed_out=True."""
+        """Runs argv inside (cwd None: the workspace); on timeout kills its whole process tree and returns
+        timed_out=True. Cancelling the call kills the tree too before the CancelledError propagates: no
+        caller is ever left waiting on a process nobody reads."""
 
     @abc.abstractmethod
     async def copy_in(self, src: str | os.PathLike, dest: str) -> None:
         """Copies a host file or directory to `dest` inside the sandbox (visible to later execs)."""
+
+    async def export_workspace(self) -> None:
+        """Brings the workspace's final state to the host dir `spec.workspace` and stops every process that
+        could still change it. A no-op where the workspace IS that host dir (bwrap, docker: `close()`
+        then stops the processes); kubernetes copies it out of the pod."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -2,16 +2,19 @@
 
 Each `exec` is one `bwrap` invocation with fresh namespaces (user, pid, net, ipc, uts, cgroup): the
 process runs as uid 1000 with no capabilities, sees only read-only /usr, a few /etc files, the
-workspace and HOME, and a loopback-only network where the in-sandbox forwarder exposes the shim.
-Because the pid namespace dies with its exec, nothing the harness started survives into the
-verifier's exec, and files copied in later (`reward/`) are bind-mounted only into later execs.
-`--die-with-parent` kills the namespace when the orchestrator dies; the cgroup (and the reaper at
-start-up) catches anything else.
+workspace (at `spec.workspace_dir`) and HOME (a fresh size-capped tmpfs when `spec.home` is None),
+and a loopback-only network where the in-sandbox forwarder exposes the shim. Because the pid
+namespace dies with its exec, nothing the harness started survives into a later exec, and files
+copied in later outside the workspace are bind-mounted only into later execs. bwrap itself is
+started with a minimal environment (LAUNCH_ENV): its init is PID 1 inside, and /proc/1/environ would
+otherwise hand the orchestrator's environment (tokens, keys) to the agent. `--die-with-parent` kills
+the namespace when the orchestrator dies; the cgroup (and the reaper at start-up) catches anything else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import shlex
@@ -20,17 +23,18 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 
+from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
-from harness_env.sandbox import reaper
 from harness_env.sandbox.base import (
     FORWARDER_HOST,
     FORWARDER_IN,
     HOME,
+    LAUNCH_ENV,
     SHIM_SOCKET_IN,
-    WORKSPACE,
     Backend,
     ExecResult,
     Sandbox,
+    SandboxError,
     SandboxSpec,
     SandboxStartError,
     decode,
@@ -60,10 +64,10 @@ class BwrapSandbox(Sandbox):
         self.deadline = time.monotonic() + spec.limits.wall_s
         self._running: set[asyncio.subprocess.Process] = set()
 
-    def _bwrap_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+    def _bwrap_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, status_fd: int) -> list[str]:
         spec = self.spec
-        a = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(UID), "--gid", str(UID),
-             "--die-with-parent", "--new-session", "--hostname", "sandbox",
+        a = ["bwrap", "--json-status-fd", str(status_fd), "--unshare-all", "--unshare-user",
+             "--uid", str(UID), "--gid", str(UID), "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
         for link, target in ROOT_LINKS.items():
             a += ["--symlink", target, link]
@@ -71,11 +75,12 @@ class BwrapSandbox(Sandbox):
             a += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         for name in ("passwd", "group", "hosts", "hostname"):
             a += ["--ro-bind", str(self.state / "etc" / name), f"/etc/{name}"]
-        a += ["--bind", str(spec.workspace), WORKSPACE]
+        a += ["--bind", str(spec.workspace), spec.workspace_dir]
         if spec.home is not None:
             a += ["--bind", str(spec.home), HOME]
-        else:
-            a += ["--dir", HOME]
+        else:  # a fresh HOME per exec (the verifier's), capped like a rollout's HOME
+            home_mb = spec.limits.home_mb or 512
+            a += ["--size", str(home_mb << 20), "--perms", "0700", "--tmpfs", HOME]
         for m in spec.mounts:
             a += ["--ro-bind" if m.read_only else "--bind", m.host, m.target]
         for host, target in self.copied:
@@ -98,20 +103,28 @@ class BwrapSandbox(Sandbox):
         join = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self.cgroup.procs_files)
         return ["/bin/sh", "-c", join + ' && exec "$@"', "sh", *bwrap_argv]
 
-    async def exec(self, argv, *, env=None, cwd=WORKSPACE, timeout=None, stdin=None) -> ExecResult:
+    async def exec(self, argv, *, env=None, cwd=None, timeout=None, stdin=None) -> ExecResult:
         if self.closed:
             raise SandboxStartError(f"sandbox {self.id} is closed")
         remaining = self.deadline - time.monotonic()
         timeout = remaining if timeout is None else min(timeout, remaining)
         full_env = {**self.spec.base_env(), **(env or {})}
-        cmd = self._launcher(self._bwrap_argv(argv, full_env, cwd))
+        # bwrap reports {"exit-code": N} on this fd once the command itself ran: only without it is a
+        # "bwrap: ..." exit 1 a start failure (a command printing that must not pass for infrastructure).
+        status_r, status_w = os.pipe()
+        os.set_blocking(status_r, False)
+        cmd = self._launcher(self._bwrap_argv(argv, full_env, cwd or self.spec.workspace_dir, status_w))
         t0 = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                env=LAUNCH_ENV, pass_fds=(status_w,))
         except OSError as e:
+            os.close(status_r)
             raise SandboxStartError(f"sandbox {self.id}: cannot start bwrap: {e}") from e
+        finally:
+            os.close(status_w)
         self._running.add(proc)
         reaper.record_pid(self.state, proc.pid)
         comm = asyncio.ensure_future(proc.communicate(stdin))
@@ -121,12 +134,17 @@ class BwrapSandbox(Sandbox):
         except TimeoutError:
             timed_out = True
             self._kill_tree(proc)
-            out, err = await comm
+            out, err = await _drain(comm)
+        except BaseException:  # cancelled (or worse): kill the tree and reap it before letting go
+            self._kill_tree(proc)
+            await _drain(comm)
+            raise
         finally:
             self._running.discard(proc)
+            status = _read_all(status_r)
         rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         res = ExecResult(rc, decode(out), decode(err), timed_out, time.monotonic() - t0, self.cgroup.oom_killed())
-        if rc == 1 and res.stderr.startswith("bwrap:"):
+        if rc == 1 and res.stderr.startswith("bwrap:") and b'"exit-code"' not in status:
             raise SandboxStartError(f"sandbox {self.id}: {res.stderr.strip()}")
         return res
 
@@ -140,18 +158,22 @@ class BwrapSandbox(Sandbox):
 
     async def copy_in(self, src, dest: str) -> None:
         src = pathlib.Path(src)
-        host = self._host_path(dest)
-        if host is None:  # outside the writable binds: stage it and bind it into later execs
-            host = self.state / "files" / f"{len(self.copied)}"
+        found = self._host_path(dest)
+        if found is None:  # outside the writable binds: stage it and bind it into later execs
+            root = self.state / "files"
+            host = root / f"{len(self.copied)}"
             self.copied.append((str(host), dest))
-        await asyncio.to_thread(_copy, src, host)
+        else:
+            root, host = found
+        await asyncio.to_thread(_copy, src, host, root)
 
-    def _host_path(self, dest: str) -> pathlib.Path | None:
+    def _host_path(self, dest: str) -> tuple[pathlib.Path, pathlib.Path] | None:
+        """(host root of the bind, host path) of an in-sandbox path inside the workspace or HOME."""
         p = pathlib.PurePosixPath(dest)
-        roots = [(WORKSPACE, self.spec.workspace)] + ([(HOME, self.spec.home)] if self.spec.home else [])
+        roots = [(self.spec.workspace_dir, self.spec.workspace)] + ([(HOME, self.spec.home)] if self.spec.home else [])
         for inside, host in roots:
             if p == pathlib.PurePosixPath(inside) or pathlib.PurePosixPath(inside) in p.parents:
-                return pathlib.Path(host) / p.relative_to(inside)
+                return pathlib.Path(host), pathlib.Path(host) / p.relative_to(inside)
         return None
 
     async def close(self) -> None:
@@ -163,12 +185,43 @@ class BwrapSandbox(Sandbox):
         await asyncio.to_thread(reaper.destroy, self.state, self.id, self.backend.mode)
 
 
-def _copy(src: pathlib.Path, dst: pathlib.Path) -> None:
+def _read_all(fd: int) -> bytes:
+    """Whatever a (non-blocking) pipe holds, then closes it."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+async def _drain(comm: asyncio.Future, timeout_s: float = 10.0) -> tuple[bytes, bytes]:
+    """The output of a killed process; gives up (cancelling the reader) if a pipe stays open."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(comm), timeout_s)
+    except (TimeoutError, asyncio.CancelledError):
+        comm.cancel()
+        with contextlib.suppress(BaseException):
+            await comm
+        return b"", b""
+
+
+def _copy(src: pathlib.Path, dst: pathlib.Path, root: pathlib.Path) -> None:
+    """Host-side copy into a dir the agent may have written: never through a link it made (a `reward ->
+    /etc` link would otherwise have the orchestrator write host files)."""
+    for p in [dst, *dst.parents]:
+        if p == root or root not in p.parents:
+            break
+        if p.is_symlink():
+            raise SandboxError(f"copy_in: {p} is a symlink; refusing to write through it")
     dst.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir():
-        shutil.copytree(src, dst, dirs_exist_ok=True)
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
     else:
-        shutil.copy2(src, dst)
+        shutil.copy2(src, dst, follow_symlinks=False)
 
 
 @register_backend("bwrap")
@@ -202,4 +255,5 @@ class BwrapBackend(Backend):
         return sbx
 
     async def reap(self) -> int:
-        return await asyncio.to_thread(reaper.reap_process_sandboxes, self.mode, self.state_dir)
+        n = await asyncio.to_thread(reaper.reap_process_sandboxes, self.mode, self.state_dir)
+        return n + await asyncio.to_thread(disk.reap_orphans)

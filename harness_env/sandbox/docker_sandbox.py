@@ -2,8 +2,9 @@
 
 The container has `network_mode=none` (loopback only); its main process is the forwarder, which
 exposes the shim's Unix socket (bind-mounted) as 127.0.0.1:PORT. Host /usr and a few /etc files are
-bind-mounted read-only; the workspace and HOME are bind mounts owned by the in-container user (uid
-1000). Limits are docker's cgroup limits (memory without swap, pids, CPU quota). A timed-out exec
+bind-mounted read-only; the workspace (at `spec.workspace_dir`) and HOME are bind mounts owned by the
+in-container user (uid 1000); without a HOME dir (the verifier's sandbox) HOME is a fresh capped tmpfs.
+Limits are docker's cgroup limits (memory without swap, pids, CPU quota). A timed-out exec
 kills the whole container: the one way to be sure no process of the harness is left. Containers carry
 labels (owner pid + start time + host) so `reap()` removes those of dead orchestrators.
 """
@@ -24,15 +25,14 @@ import time
 
 from harness_env.images.build import IMAGE
 from harness_env.images.build import build as build_image
+from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
-from harness_env.sandbox import reaper
 from harness_env.sandbox.base import (
     FORWARDER_HOST,
     FORWARDER_IN,
     HOME,
     LABEL,
     SHIM_SOCKET_IN,
-    WORKSPACE,
     Backend,
     ExecResult,
     Sandbox,
@@ -92,7 +92,7 @@ class DockerSandbox(Sandbox):
         self.backend, self.container = backend, container
         self.deadline = time.monotonic() + spec.limits.wall_s
 
-    async def exec(self, argv, *, env=None, cwd=WORKSPACE, timeout=None, stdin=None) -> ExecResult:
+    async def exec(self, argv, *, env=None, cwd=None, timeout=None, stdin=None) -> ExecResult:
         if self.closed:
             raise SandboxError(f"sandbox {self.id} is closed")
         remaining = self.deadline - time.monotonic()
@@ -106,8 +106,8 @@ class DockerSandbox(Sandbox):
         t0 = time.monotonic()
         try:
             ex = await _blocking(api.exec_create, self.container.id, argv, stdout=True, stderr=True,
-                                         environment={**self.spec.base_env(), **(env or {})}, workdir=cwd,
-                                         user=f"{UID}:{UID}")
+                                 environment={**self.spec.base_env(), **(env or {})},
+                                 workdir=cwd or self.spec.workspace_dir, user=f"{UID}:{UID}")
         except Exception as e:  # docker.errors.APIError and friends: infrastructure
             raise SandboxError(f"sandbox {self.id}: exec_create failed: {e}") from e
         run = asyncio.ensure_future(_blocking(api.exec_start, ex["Id"], demux=True))
@@ -120,6 +120,9 @@ class DockerSandbox(Sandbox):
             except Exception:
                 out, err = b"", b""
             return ExecResult(-9, decode(out), decode(err), True, time.monotonic() - t0)
+        except BaseException:  # cancelled: the blocked exec_start thread returns once the container is dead
+            await asyncio.shield(_blocking(self._kill))
+            raise
         info = await _blocking(api.exec_inspect, ex["Id"])
         rc = info.get("ExitCode")
         oom = False
@@ -200,11 +203,14 @@ class DockerBackend(Backend):
         from docker.types import Mount as DMount
 
         mounts = [DMount("/usr", "/usr", type="bind", read_only=True),
-                  DMount(WORKSPACE, str(spec.workspace), type="bind")]
+                  DMount(spec.workspace_dir, str(spec.workspace), type="bind")]
         mounts += [DMount(f"/etc/{n}", f"/etc/{n}", type="bind", read_only=True)
                    for n in ETC_PASSTHROUGH if os.path.exists(f"/etc/{n}")]
+        tmpfs = {}
         if spec.home is not None:
             mounts.append(DMount(HOME, str(spec.home), type="bind"))
+        else:
+            tmpfs[HOME] = f"size={spec.limits.home_mb or 512}m,mode=1777"
         mounts += [DMount(m.target, m.host, type="bind", read_only=m.read_only) for m in spec.mounts]
         command = ["/usr/bin/sleep", "infinity"]
         if spec.shim_socket is not None:
@@ -217,7 +223,7 @@ class DockerBackend(Backend):
         lim = spec.limits
         return dict(image=spec.image or self.image, command=command, name=f"hrl-{sid}", detach=True,
                     network_mode="none", mounts=mounts, labels=labels, user=f"{UID}:{UID}",
-                    environment=spec.base_env(), working_dir=WORKSPACE, hostname="sandbox",
+                    environment=spec.base_env(), working_dir=spec.workspace_dir, hostname="sandbox", tmpfs=tmpfs,
                     mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", pids_limit=lim.pids,
                     nano_cpus=int(lim.cpus * 1e9), cap_drop=["ALL"], security_opt=["no-new-privileges"],
                     init=False, auto_remove=False)
@@ -266,7 +272,7 @@ class DockerBackend(Backend):
         return await _blocking(self._reap_sync)
 
     def _reap_sync(self) -> int:
-        n = 0
+        n = disk.reap_orphans()  # the capped workspace/HOME mounts of dead orchestrators
         host = socket.gethostname()
         for c in self.client.containers.list(all=True, filters={"label": LABEL}):
             labels = c.labels or {}

@@ -7,7 +7,13 @@ bwrap/docker, by necessity:
   - the shim is reached over TCP (`shim_address` host:port, e.g. a Service); the forwarder in the pod
     still exposes it as 127.0.0.1:PORT, and `network_policy()` gives the NetworkPolicy that allows
     egress to that address only (a CNI that enforces NetworkPolicy is required);
-  - the workspace and HOME are emptyDir volumes filled by `copy_in` (tar over exec), not host binds;
+  - the workspace and HOME are emptyDir volumes filled by `copy_in` (tar over exec), not host binds,
+    with `sizeLimit` = the disk caps (the kubelet evicts a pod over them: `ExecResult.disk_exceeded`);
+    `export_workspace` kills every process in the pod and copies the workspace back to the host dir
+    (tarfile's `tar` filter, regular files / dirs / links only: nothing lands outside it, no device
+    node, no setuid bit), from where the verifier's fresh pod gets it;
+  - the workspace's path is the task's (`spec.workspace_dir`): an image must leave its parents
+    traversable by uid 1000 (Dockerfile.k8s opens /root for ClawGym's /root/.openclaw/workspace);
   - the image must contain python3, tar and coreutils (harness_env/images/Dockerfile.k8s): host /usr
     cannot be mounted;
   - a pids limit is a kubelet setting (podPidsLimit), not part of the Pod spec.
@@ -20,17 +26,18 @@ import concurrent.futures
 import functools
 import io
 import json
+import os
 import pathlib
+import shutil
 import socket
 import tarfile
 import time
 
-from harness_env.sandbox import reaper
+from harness_env.sandbox import disk, reaper
 from harness_env.sandbox.base import (
     FORWARDER_IN,
     HOME,
     LABEL,
-    WORKSPACE,
     Backend,
     ExecResult,
     Sandbox,
@@ -43,6 +50,36 @@ from harness_env.sandbox.base import (
 
 K8S_IMAGE = "harness-rl/sandbox-k8s:latest"
 OWNER = "harness-rl.sandbox/owner"  # annotation: {"owner": {pid, start}, "host": ...}
+
+
+def extract_into(data: bytes, dest: pathlib.Path) -> int:
+    """Replaces dest's contents by the tar `data` from a pod, through tarfile's `tar` filter (no member
+    written outside dest or through a link, no setuid bits) and regular files, dirs and links only (no
+    device node or FIFO); refused members are skipped.
+    Returns how many were skipped."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for child in dest.iterdir():  # dest itself may be a capped mount: empty it, keep it
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    skipped = 0
+
+    def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        nonlocal skipped
+        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            skipped += 1  # device nodes and FIFOs: never created on the host (we extract as root)
+            return None
+        try:
+            return tarfile.tar_filter(member, path)
+        except tarfile.FilterError:
+            skipped += 1
+            return None
+
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        tar.extractall(dest, filter=keep)
+    os.chmod(dest, 0o755)
+    return skipped
 
 
 def _tar(src: pathlib.Path, arcname: str) -> bytes:
@@ -76,20 +113,25 @@ def pod_manifest(name: str, namespace: str, spec: SandboxSpec, image: str, shim_
             "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": True},
             "containers": [{
                 "name": "sandbox", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
-                "workingDir": WORKSPACE, "env": env,
+                "workingDir": spec.workspace_dir, "env": env,
                 **({"readinessProbe": {"exec": {"command": [  # Running is not enough: the port must listen
                     "python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {spec.shim_port}))"]},
                     "periodSeconds": 1}} if shim_address else {}),
                 "resources": {"limits": resources, "requests": resources},
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                     "privileged": False},
-                "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE}, {"name": "home", "mountPath": HOME},
-                                 {"name": "tmp", "mountPath": "/tmp"}],
+                "volumeMounts": [{"name": "workspace", "mountPath": spec.workspace_dir},
+                                 {"name": "home", "mountPath": HOME}, {"name": "tmp", "mountPath": "/tmp"}],
             }],
-            "volumes": [{"name": "workspace", "emptyDir": {}}, {"name": "home", "emptyDir": {}},
+            "volumes": [{"name": "workspace", "emptyDir": _size(lim.workspace_mb)},
+                        {"name": "home", "emptyDir": _size(lim.home_mb)},
                         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "512Mi"}}],
         },
     }
+
+
+def _size(mb: int | None) -> dict:
+    return {} if mb is None else {"sizeLimit": f"{mb}Mi"}
 
 
 def network_policy(namespace: str, shim_ip: str, shim_port: int) -> dict:
@@ -121,24 +163,52 @@ class KubernetesSandbox(Sandbox):
         self.backend, self.pod = backend, pod
         self.deadline = time.monotonic() + spec.limits.wall_s
 
-    async def exec(self, argv, *, env=None, cwd=WORKSPACE, timeout=None, stdin=None) -> ExecResult:
+    async def exec(self, argv, *, env=None, cwd=None, timeout=None, stdin=None) -> ExecResult:
+        rc, out, err, timed_out, dt = await self._exec_raw(argv, env=env, cwd=cwd, timeout=timeout, stdin=stdin)
+        if rc is None:  # the pod is gone: evicted for its disk caps is the agent's doing, anything else infra
+            why = await _blocking(self.backend.eviction, self.pod)
+            if why is None:
+                raise SandboxError(f"sandbox {self.id}: exec in pod {self.pod}: {err!r}")
+            return ExecResult(-9, "", why, False, dt, disk_exceeded=True)
+        return ExecResult(rc, decode(out), decode(err), timed_out, dt, oom_killed=rc == 137)
+
+    async def _exec_raw(self, argv, *, env=None, cwd=None, timeout=None, stdin=None):
+        """(rc | None when the exec itself failed, stdout bytes, stderr bytes | error, timed_out, seconds)."""
         if self.closed:
             raise SandboxError(f"sandbox {self.id} is closed")
         remaining = self.deadline - time.monotonic()
         timeout = remaining if timeout is None else min(timeout, remaining)
         full_env = {**self.spec.base_env(), **(env or {})}
         # Pod exec takes neither env nor cwd: coreutils env sets both (-i: exactly this environment).
-        cmd = ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in full_env.items()), *argv]
+        cmd = ["env", "-i", "-C", cwd or self.spec.workspace_dir, *(f"{k}={v}" for k, v in full_env.items()), *argv]
         t0 = time.monotonic()
         try:
             rc, out, err = await asyncio.wait_for(
                 _blocking(self.backend.exec_fn, self.pod, self.backend.namespace, cmd, stdin), max(timeout, 0))
         except TimeoutError:
             await self.close()  # deleting the pod is what kills every process of the tree
-            return ExecResult(-9, "", "", True, time.monotonic() - t0)
+            return -9, b"", b"", True, time.monotonic() - t0
         except Exception as e:
-            raise SandboxError(f"sandbox {self.id}: exec in pod {self.pod}: {e}") from e
-        return ExecResult(rc, decode(out), decode(err), False, time.monotonic() - t0, oom_killed=rc == 137)
+            return None, b"", f"{type(e).__name__}: {e}", False, time.monotonic() - t0
+        except BaseException:  # cancelled: deleting the pod ends the blocked exec thread too
+            await asyncio.shield(self.close())
+            raise
+        return rc, out, err, False, time.monotonic() - t0
+
+    async def export_workspace(self) -> None:
+        """Stops every process in the pod (kill -1 as its one user: nothing can change the workspace after),
+        then copies the workspace to the host dir through a filtered tar extraction."""
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        # The agent may have made files unreadable (chmod 000): a failing export would be an infra error it
+        # could provoke at will, so its own uid restores read access first.
+        await self._exec_raw(["/bin/sh", "-c", 'kill -9 -1 2>/dev/null; chmod -R u+rwX -- "$1" 2>/dev/null; true', "sh",
+                              self.spec.workspace_dir], cwd="/", timeout=60)
+        rc, out, err, _, _ = await self._exec_raw(["tar", "-c", "-f", "-", "-C", self.spec.workspace_dir, "."],
+                                                  cwd="/", timeout=300)
+        if rc not in (0, 1):  # GNU tar: 1 = "some files changed while being read"
+            raise SandboxError(f"sandbox {self.id}: exporting the workspace: tar exited {rc}: {err!r}")
+        await asyncio.to_thread(extract_into, out, pathlib.Path(self.spec.workspace))
 
     async def copy_in(self, src, dest: str) -> None:
         src = pathlib.Path(src)
@@ -203,6 +273,17 @@ class KubernetesBackend(Backend):
         ws.close()
         return (ws.returncode if ws.returncode is not None else -1), bytes(out), bytes(err)
 
+    def eviction(self, pod: str) -> str | None:
+        """Why the kubelet evicted the pod for exceeding its storage, or None (not evicted, or for another reason)."""
+        try:
+            status = self.api.read_namespaced_pod(pod, self.namespace).status
+        except Exception:
+            return None
+        msg = str(getattr(status, "message", "") or "")
+        if getattr(status, "reason", None) == "Evicted" and ("storage" in msg or "emptyDir" in msg):
+            return f"evicted: {msg}"
+        return None
+
     def delete_pod(self, pod: str) -> None:
         try:
             self.api.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0)
@@ -217,13 +298,13 @@ class KubernetesBackend(Backend):
         sid = spec.sandbox_id()
         pod = f"hrl-{sid}"[:63]
         manifest = pod_manifest(pod, self.namespace, spec, spec.image if spec.image != "harness-rl/sandbox:latest"
-                                else self.image, self.shim_address)
+                                else self.image, self.shim_address if spec.shim else None)
         try:
             await _blocking(self.api.create_namespaced_pod, self.namespace, manifest)
             await self._wait_running(pod)
             sbx = KubernetesSandbox(sid, spec, self, pod)
             if spec.workspace.exists():
-                await sbx.copy_in(spec.workspace, WORKSPACE)
+                await sbx.copy_in(spec.workspace, spec.workspace_dir)
             if spec.home is not None and spec.home.exists():
                 await sbx.copy_in(spec.home, HOME)
         except Exception as e:
@@ -253,7 +334,7 @@ class KubernetesBackend(Backend):
 
     def _reap_sync(self) -> int:
         host = socket.gethostname()
-        n = 0
+        n = disk.reap_orphans()  # the host-side capped workspace/HOME mounts of dead orchestrators
         pods = self.api.list_namespaced_pod(self.namespace, label_selector=f"{LABEL}=1").items
         for p in pods:
             try:

@@ -1,9 +1,17 @@
-"""Tasks in the ClawGym format: loader + grading, our task library, the make_file family, synthesis."""
+"""Tasks in the ClawGym format: loader + grading, our task library, the make_file family, synthesis, and
+the one task-selection function (select.py) that launch.eval and the RL loop share."""
 
-import pathlib
+from harness_env.tasks.loader import (
+    DEFAULT_WORKSPACE,
+    RewardError,
+    Task,
+    TaskError,
+    discover,
+    grade,
+    load_task,
+    parse_reward,
+)
+from harness_env.tasks.select import LIBRARY, select_tasks, split_of
 
-from harness_env.tasks.loader import RewardError, Task, TaskError, discover, grade, load_task, parse_reward
-
-LIBRARY = pathlib.Path(__file__).with_name("library")
-
-__all__ = ["LIBRARY", "RewardError", "Task", "TaskError", "discover", "grade", "load_task", "parse_reward"]
+__all__ = ["DEFAULT_WORKSPACE", "LIBRARY", "RewardError", "Task", "TaskError", "discover", "grade", "load_task",
+           "parse_reward", "select_tasks", "split_of"]

@@ -25,6 +25,7 @@ CATEGORY = "make_file"
 
 REWARD_SH = """#!/bin/bash
 # 1.0: {name} holds exactly "{word}" (surrounding whitespace ignored); 0.3: the file exists; else 0.0.
+cd "$(dirname "$0")/.." || exit 1
 if [ -f {name} ]; then
   if [ "$(tr -d '[:space:]' < {name})" = "{word}" ]; then echo 1.0; else echo 0.3; fi
 else
@@ -70,17 +71,34 @@ def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = 
 _QUERY = re.compile(r"Create a file named (\S+) containing the word (\w+)\.")
 
 
-def oracle_reply(prompt_text: str) -> str:
-    """The perfect policy for this family, in Qwen3's tool-call format (for scripted replay engines in
-    tests, benchmarks and demos): one shell call writing the file, then `finish` once a tool result is
-    in the prompt. Decides from the rendered prompt alone, so it is safe under any concurrency."""
+IMPERFECT_RATE = 0.6  # share of the tasks on which the imperfect expert makes its mistake
+
+
+def literal_mistake(name: str, word: str) -> bool:
+    """Whether the imperfect expert gets (name, word) wrong: a fixed hash, ~IMPERFECT_RATE of all pairs."""
+    h = int(hashlib.sha256(f"literal/{name}/{word}".encode()).hexdigest()[:8], 16)
+    return (h % 1000) / 1000 < IMPERFECT_RATE
+
+
+def oracle_reply(prompt_text: str, *, imperfect: bool = False) -> str:
+    """The family's expert, in Qwen3's tool-call format (scripted engines in SFT demos, tests, benchmarks
+    and `launch.eval --endpoint=oracle`): one shell call writing the file, then a plain answer once a tool
+    result is in the prompt (a plain answer ends every harness's loop). Decides from the rendered prompt
+    alone, so it is safe under any concurrency.
+
+    `imperfect`: a literal-minded expert, as real demonstrators are imperfect: on the tasks where
+    `literal_mistake` holds it writes the phrase "the word WORD" instead of WORD (the checker gives 0.3)."""
     found = _QUERY.findall(prompt_text)
     if not found:
         return "I cannot tell which file to create."
     name, word = found[-1]
     after = prompt_text[prompt_text.rfind(f"containing the word {word}.") :]
-    if "<tool_response>" not in after:
-        call = {"name": "bash", "arguments": {"command": f"echo {word} > {name}"}}
-    else:
-        call = {"name": "finish", "arguments": {"message": f"Created {name} containing {word}."}}
+    if "<tool_response>" in after:
+        return "Done."
+    content = f"the word {word}" if imperfect and literal_mistake(name, word) else word
+    call = {"name": "bash", "arguments": {"command": f"echo {content} > {name}"}}
     return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
+
+
+def imperfect_reply(prompt_text: str) -> str:
+    return oracle_reply(prompt_text, imperfect=True)

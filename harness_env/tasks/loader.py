@@ -1,31 +1,46 @@
 """The ClawGym task format, natively, plus the grading step every backend shares.
 
-A task is a folder:
+A task is a folder (ClawGym's own layout, ../shared/clawgym/DATASET_README.md):
     data_entry.json      {"task_id", "user_query", "input_mount_dir"?, "metadata"?}
-    input_files/         optional; mirrored into the workspace (at input_mount_dir) before the harness
-    reward/reward.sh     + helpers; run AFTER the harness exited, cwd = workspace; last stdout line = a
-                         float in [0, 1]. Chat-graded tasks read env OPENCLAW_REWARD_PAYLOAD (JSON:
-                         task_id, user_query, metadata, final_message, transcript).
+    input_files/         optional; copied verbatim into the workspace before the harness starts
+    reward/reward.sh     + helpers; copied to <workspace>/reward/ AFTER the harness exited and run there
+                         (see `grade`); last stdout line = a float in [0, 1]. Chat-graded tasks read env
+                         OPENCLAW_REWARD_PAYLOAD (JSON: task_id, user_query, metadata, final_message,
+                         transcript).
     solution/            ours, optional: solve.sh (run in the workspace) and/or final_message.txt —
                          the reference solution that tests and task synthesis validate checkers with.
-Loading problems raise TaskError with the path; the runner turns them into status `task_error`.
+`input_mount_dir` is the workspace's absolute path inside the sandbox (ClawGym: /root/.openclaw/workspace,
+OpenClaw's own default, also used when a task does not say); any path that is not a system directory
+(sandbox.base.check_workspace_dir). Harnesses start in it.
+
+Loading is strict because tasks come from outside: every field is type-checked, and the folder may hold
+only regular files, directories and relative symlinks that stay inside input_files/ or reward/ (a link to
+/etc/passwd would copy a host file into the workspace; a FIFO would hang the copy). Every problem is a
+TaskError naming the path; the runner turns it into status `task_error` (never retried).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import pathlib
 import shutil
+import stat
 from typing import Any
 
-from harness_env.sandbox.base import WORKSPACE, Sandbox
+from harness_env.sandbox.base import Sandbox, check_workspace_dir
 
-REWARD_IN = "/reward"
+DEFAULT_WORKSPACE = "/root/.openclaw/workspace"  # ClawGym's input_mount_dir (and OpenClaw's default)
+REWARD_DIRNAME = "reward"  # the checker's folder, copied to <workspace>/reward/ for grading
 PAYLOAD_ENV = "OPENCLAW_REWARD_PAYLOAD"
 PAYLOAD_FILE_ENV = "OPENCLAW_REWARD_PAYLOAD_FILE"
 MAX_ENV_PAYLOAD = 100_000  # one env string may not exceed 128 KiB (MAX_ARG_STRLEN)
+MAX_ENTRY_BYTES = 1 << 20
+# The verifier's own environment: nothing from the agent (sandbox.base_env adds HOME, PATH, LANG, TMPDIR).
+VERIFIER_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 
 
 class TaskError(ValueError):
@@ -33,7 +48,7 @@ class TaskError(ValueError):
 
 
 class RewardError(RuntimeError):
-    """reward.sh failed or printed no float in [0, 1] (status `reward_error`)."""
+    """reward.sh failed or printed no finite float in [0, 1] (status `reward_error`)."""
 
 
 @dataclasses.dataclass
@@ -42,11 +57,16 @@ class Task:
     user_query: str
     root: pathlib.Path
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
-    input_mount_dir: str = WORKSPACE
+    input_mount_dir: str = DEFAULT_WORKSPACE
+
+    @property
+    def workspace_dir(self) -> str:
+        """The workspace's path inside the sandbox: where inputs land, harnesses start and reward/ goes."""
+        return self.input_mount_dir
 
     @property
     def category(self) -> str:
-        return str(self.metadata.get("category", "misc"))
+        return str(self.metadata.get("category") or "misc")
 
     @property
     def input_dir(self) -> pathlib.Path:
@@ -54,49 +74,163 @@ class Task:
 
     @property
     def reward_dir(self) -> pathlib.Path:
-        return self.root / "reward"
+        return self.root / REWARD_DIRNAME
 
     @property
     def chat_graded(self) -> bool:
         return bool(self.metadata.get("chat_graded", False))
 
-    def input_target(self, workspace: pathlib.Path) -> pathlib.Path:
-        """Host dir the inputs are mirrored to: input_mount_dir resolved inside the workspace."""
-        p = pathlib.PurePosixPath(self.input_mount_dir)
-        rel = p.relative_to(WORKSPACE) if p.is_absolute() else p
-        return workspace / rel
-
     def populate(self, workspace: pathlib.Path) -> None:
+        """Copies input_files/ into the host workspace dir (links as links: they were checked at load),
+        made writable by its owner: a read-only task store (like ../shared) must not make the agent's
+        inputs read-only. A copy that fails (e.g. inputs over the workspace's disk cap) is the task's problem."""
         workspace.mkdir(parents=True, exist_ok=True)
-        if self.input_dir.is_dir():
-            shutil.copytree(self.input_dir, self.input_target(workspace), dirs_exist_ok=True)
+        if not self.input_dir.is_dir():
+            return
+        try:
+            shutil.copytree(self.input_dir, workspace, symlinks=True, dirs_exist_ok=True)
+            os.chmod(workspace, 0o755)  # copytree gave it input_files/'s own mode
+            for dirpath, dirnames, filenames in os.walk(workspace):
+                for name in dirnames + filenames:
+                    q = os.path.join(dirpath, name)
+                    st = os.lstat(q)
+                    if not stat.S_ISLNK(st.st_mode):
+                        os.chmod(q, stat.S_IMODE(st.st_mode) | (0o700 if stat.S_ISDIR(st.st_mode) else 0o600))
+        except (OSError, shutil.Error) as e:
+            raise TaskError(f"{self.root}: copying input_files into the workspace: {e}") from e
+
+
+    def changed_inputs(self, workspace: pathlib.Path, limit: int = 50) -> list[str]:
+        """Input files (relative paths) the agent changed, replaced or removed: an audit trail, because
+        ClawGym checkers recompute their expected answers from the inputs in the workspace (emptying the
+        input CSVs of task_0000 and writing empty outputs scores 1.0). Restoring them is no cure: some
+        tasks ask for edits in place. Call only when no agent process runs; never follows a link."""
+        out: list[str] = []
+        if not self.input_dir.is_dir():
+            return out
+        for dirpath, _, filenames in os.walk(self.input_dir):
+            for name in sorted(filenames):
+                src = os.path.join(dirpath, name)
+                if os.path.islink(src):
+                    continue
+                rel = os.path.relpath(src, self.input_dir)
+                if _digest(src) != _digest_nofollow(workspace, rel):
+                    out.append(rel)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _digest_nofollow(root: pathlib.Path, rel: str) -> str | None:
+    """sha256 of root/rel if every component is a real directory and the file a regular file, else None."""
+    parts = pathlib.PurePosixPath(rel).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    os.close(fd)
+    with os.fdopen(f, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _field(d: dict, key: str, entry: pathlib.Path) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not v.strip():
+        raise TaskError(f"{entry}: {key!r} must be a non-empty string, not {_show(v)}")
+    return v
+
+
+def _show(v: object) -> str:
+    return f"{type(v).__name__} {json.dumps(v)[:60] if isinstance(v, int | float | bool | None) else ''}".strip()
 
 
 def load_task(root: str | pathlib.Path) -> Task:
     root = pathlib.Path(root)
     entry = root / "data_entry.json"
-    if not entry.is_file():
-        raise TaskError(f"{root}: no data_entry.json")
     try:
-        d = json.loads(entry.read_text())
-    except (OSError, ValueError) as e:
+        st = os.lstat(entry)
+    except OSError:
+        raise TaskError(f"{root}: no data_entry.json") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
+        raise TaskError(f"{entry}: must be a regular file of at most {MAX_ENTRY_BYTES} bytes")
+    try:
+        d = json.loads(entry.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
         raise TaskError(f"{entry}: not valid JSON: {e}") from e
     if not isinstance(d, dict):
         raise TaskError(f"{entry}: must be a JSON object")
-    for key in ("task_id", "user_query"):
-        if not isinstance(d.get(key), str) or not d[key].strip():
-            raise TaskError(f"{entry}: missing or empty string field {key!r}")
-    if not (root / "reward" / "reward.sh").is_file():
-        raise TaskError(f"{root}: no reward/reward.sh")
-    mount = d.get("input_mount_dir") or WORKSPACE
-    p = pathlib.PurePosixPath(mount)
-    if ".." in p.parts or (p.is_absolute() and not (p == pathlib.PurePosixPath(WORKSPACE)
-                                                     or pathlib.PurePosixPath(WORKSPACE) in p.parents)):
-        raise TaskError(f"{entry}: input_mount_dir {mount!r} must lie inside {WORKSPACE}")
-    meta = d.get("metadata") or {}
+    task_id, query = _field(d, "task_id", entry), _field(d, "user_query", entry)
+    mount = d.get("input_mount_dir")
+    if mount is None or mount == "":
+        mount = DEFAULT_WORKSPACE
+    try:
+        mount = check_workspace_dir(mount)
+    except ValueError as e:
+        raise TaskError(f"{entry}: input_mount_dir: {e}") from None
+    meta = d.get("metadata")
+    if meta is None:
+        meta = {}
     if not isinstance(meta, dict):
-        raise TaskError(f"{entry}: metadata must be an object")
-    return Task(task_id=d["task_id"], user_query=d["user_query"], root=root, metadata=meta, input_mount_dir=mount)
+        raise TaskError(f"{entry}: metadata must be an object, not {_show(meta)}")
+    if not isinstance(meta.get("category", ""), str):
+        raise TaskError(f"{entry}: metadata.category must be a string, not {_show(meta['category'])}")
+    if not isinstance(meta.get("chat_graded", False), bool):
+        raise TaskError(f"{entry}: metadata.chat_graded must be true or false")
+    reward_sh = root / REWARD_DIRNAME / "reward.sh"
+    if not reward_sh.is_file() or reward_sh.is_symlink():
+        raise TaskError(f"{root}: no reward/reward.sh (a regular file)")
+    for sub in ("input_files", REWARD_DIRNAME):
+        check_tree(root / sub)
+    return Task(task_id=task_id, user_query=query, root=root, metadata=meta, input_mount_dir=mount)
+
+
+def check_tree(top: pathlib.Path) -> None:
+    """Only regular files, dirs and relative symlinks resolving (without a loop) inside `top`."""
+    if not os.path.lexists(top):
+        return
+    if top.is_symlink() or not top.is_dir():
+        raise TaskError(f"{top}: must be a directory (not a link or a file)")
+    real_top = top.resolve()
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            p = pathlib.Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            if stat.S_ISLNK(mode):
+                _check_link(p, top, real_top)
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise TaskError(f"{p}: not a regular file, directory or symlink")
+
+
+def _check_link(p: pathlib.Path, top: pathlib.Path, real_top: pathlib.Path) -> None:
+    target = os.readlink(p)
+    if os.path.isabs(target):
+        raise TaskError(f"{p}: symlink to the absolute path {target!r} (links must be relative, inside {top.name}/)")
+    lexical = os.path.normpath(os.path.join(os.path.dirname(p), target))
+    if os.path.commonpath([lexical, str(top)]) != str(top):
+        raise TaskError(f"{p}: symlink {target!r} leaves {top.name}/")
+    try:
+        resolved = p.resolve(strict=True)
+    except RuntimeError:  # Python 3.11: "Symlink loop from ..."
+        raise TaskError(f"{p}: symlink loop") from None
+    except OSError as e:
+        if e.errno == 40:  # ELOOP
+            raise TaskError(f"{p}: symlink loop") from None
+        raise TaskError(f"{p}: dangling symlink to {target!r}") from None
+    if resolved != real_top and real_top not in resolved.parents:
+        raise TaskError(f"{p}: symlink {target!r} leaves {top.name}/")
 
 
 def discover(root: str | pathlib.Path) -> list[pathlib.Path]:
@@ -116,7 +250,8 @@ def payload(task: Task, final_message: str, transcript: list[dict] | None = None
 
 
 def parse_reward(stdout: str) -> tuple[float, dict[str, float]]:
-    """Last non-empty stdout line = the reward; earlier JSON lines {"sub_scores": {...}} = sub-scores."""
+    """Last non-empty stdout line = the reward; earlier JSON lines {"sub_scores": {...}} = sub-scores.
+    Anything non-finite (a sub-score of 1e999 parses as inf) is a RewardError: results stay valid JSON."""
     lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
     if not lines:
         raise RewardError("reward.sh printed nothing")
@@ -131,29 +266,45 @@ def parse_reward(stdout: str) -> tuple[float, dict[str, float]]:
         if ln.startswith("{"):
             try:
                 obj = json.loads(ln)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict) and isinstance(obj.get("sub_scores"), dict):
-                subs.update({str(k): float(v) for k, v in obj["sub_scores"].items() if isinstance(v, int | float)})
+                for k, v in obj["sub_scores"].items():
+                    if isinstance(v, int | float) and not isinstance(v, bool):
+                        if not math.isfinite(v):
+                            raise RewardError(f"sub-score {str(k)[:80]!r} is {v}: not finite")
+                        subs[str(k)] = float(v)
     return r, subs
+
+
+CLEAR_REWARD = ('[ -L "$1" ] || chmod -R u+rwX -- "$1" 2>/dev/null; rm -rf -- "$1"; '
+                '! [ -e "$1" ] && ! [ -L "$1" ]')
 
 
 async def grade(sbx: Sandbox, task: Task, final_message: str = "", transcript: list[dict] | None = None,
                 timeout: float = 60.0) -> tuple[float, dict[str, float]]:
-    """Copies reward/ in (only now: the harness has exited) and runs reward.sh; raises RewardError."""
-    await sbx.copy_in(task.reward_dir, REWARD_IN)
+    """Grades the workspace in `sbx`, which must be the verifier's FRESH sandbox (fresh HOME and TMP, no
+    agent process alive: harness_env/runner.py): whatever the agent left at <workspace>/reward (a dir with
+    extra modules, a file, a link) is removed, the task's reward/ copied there, and reward.sh run as shipped
+    with cwd = that fresh reward/ dir (a checker's own `python3 -c` then imports nothing the agent planted
+    in the workspace). Raises RewardError."""
+    rdir = f"{task.workspace_dir}/{REWARD_DIRNAME}"
+    res = await sbx.exec(["/bin/sh", "-c", CLEAR_REWARD, "sh", rdir], cwd="/", timeout=timeout)
+    if not res.ok:
+        raise RewardError(f"cannot clear {rdir} before grading: exit {res.exit_code} {res.stderr[-300:]!r}")
+    await sbx.copy_in(task.reward_dir, rdir)
     body = json.dumps(payload(task, final_message, transcript))
-    env = {}
+    env = dict(VERIFIER_ENV)
     if len(body) > MAX_ENV_PAYLOAD:  # keep the env var parseable: drop the transcript, full payload in a file
         tmp = _write_tmp(body)
         try:
-            await sbx.copy_in(tmp, f"{REWARD_IN}/payload.json")
+            await sbx.copy_in(tmp, f"{rdir}/payload.json")
         finally:
             tmp.unlink()
-        env[PAYLOAD_FILE_ENV] = f"{REWARD_IN}/payload.json"
+        env[PAYLOAD_FILE_ENV] = f"{rdir}/payload.json"
         body = json.dumps(payload(task, final_message, None))
     env[PAYLOAD_ENV] = body
-    res = await sbx.exec(["/bin/bash", f"{REWARD_IN}/reward.sh"], env=env, cwd=WORKSPACE, timeout=timeout)
+    res = await sbx.exec(["/bin/bash", f"{rdir}/reward.sh"], env=env, cwd=rdir, timeout=timeout)
     if res.timed_out:
         raise RewardError(f"reward.sh timed out after {timeout:.0f}s")
     if res.exit_code != 0:

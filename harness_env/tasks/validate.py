@@ -28,7 +28,8 @@ class Validation:
 
 async def run_solution(backend: Backend, task: Task, *, populate: bool = True, solve: bool = True,
                        timeout: float = 60.0) -> float:
-    """Fresh workspace (+ inputs), optionally the reference solution, then the checker -> reward."""
+    """Fresh workspace (+ inputs), optionally the reference solution, then the checker in a fresh sandbox
+    (as rollouts are graded) -> reward."""
     with tempfile.TemporaryDirectory(prefix="hrl-validate-") as tmp:
         ws = pathlib.Path(tmp) / "workspace"
         ws.mkdir()
@@ -36,15 +37,17 @@ async def run_solution(backend: Backend, task: Task, *, populate: bool = True, s
             task.populate(ws)
         sol = task.root / "solution"
         final = ""
-        async with await backend.create(SandboxSpec(workspace=ws, home=pathlib.Path(tmp) / "home",
-                                                    limits=Limits(wall_s=4 * timeout), name=task.task_id)) as sbx:
-            if solve and (sol / "solve.sh").is_file():
+        spec = dict(workspace=ws, limits=Limits(wall_s=4 * timeout), name=task.task_id,
+                    workspace_dir=task.workspace_dir)
+        if solve and (sol / "solve.sh").is_file():
+            async with await backend.create(SandboxSpec(home=pathlib.Path(tmp) / "home", **spec)) as sbx:
                 await sbx.copy_in(sol, "/solution")
                 res = await sbx.exec(["/bin/bash", "/solution/solve.sh"], timeout=timeout)
                 if not res.ok:
                     raise TaskError(f"{task.task_id}: solution/solve.sh exited {res.exit_code}: {res.stderr[-300:]}")
-            if solve and (sol / "final_message.txt").is_file():
-                final = (sol / "final_message.txt").read_text().strip()
+        if solve and (sol / "final_message.txt").is_file():
+            final = (sol / "final_message.txt").read_text().strip()
+        async with await backend.create(SandboxSpec(home=None, shim=False, **spec)) as sbx:
             reward, _ = await grade(sbx, task, final_message=final, timeout=timeout)
         return reward
 

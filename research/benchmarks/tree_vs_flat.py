@@ -27,13 +27,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from research import losses
-from research.models import Qwen3, dummy_inputs, tiny_moe
+from research.models import tiny_moe
+from research.rl.objective import Objective, all_slots, make_rl_loss_fn
 from research.train.optim import default_optim_config, make_optimizer
-from research.train.state import StateInit, init_train_state, make_mesh
+from research.train.state import init_train_state, make_mesh, policy_state_init
 from research.train.step import make_train_step
 from research.trees import synthetic
 from research.trees.builder import GroupTree, build_tree
-from research.trees.objective import TreeObjective, make_tree_loss_fn
 from research.trees.packing import pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
 
@@ -61,6 +61,7 @@ def _steps(packed: dict[str, np.ndarray], rows: int) -> list[dict[str, jnp.ndarr
             b[k] = np.pad(x, pad, constant_values=-1 if k == "parent_index" else 0)
         b["norm"] = np.zeros(rows, np.float32)
         b["norm"][0] = total
+        b["loss_idx"], b["loss_valid"] = all_slots(rows, b["tokens"].shape[1])  # the head on every slot
         out.append({k: jnp.asarray(v) for k, v in b.items()})
     return out
 
@@ -118,11 +119,11 @@ def run(turns=(10, 20, 40), sessions: int = 8, prefix: int = 2048, gen=(50, 500)
         scale: float = 0.05, rows: int = 1, flat_steps: int = 2, loss_calls: int = 24, seed: int = 0) -> dict:
     turns = [turns] if isinstance(turns, int) else list(turns)
     cfg = tiny_moe()
-    obj = TreeObjective(loss=losses.LossConfig(aggregation=AGG))
+    obj = Objective(loss=losses.LossConfig(aggregation=AGG))
     mesh = make_mesh(dict(data=1, fsdp=1, expert=1, tensor=1), devices=jax.devices()[:1])
     opt, _ = make_optimizer(default_optim_config())
-    init = StateInit(init_fn=lambda r: Qwen3(cfg).init(r, *dummy_inputs())["params"], optimizer=opt)
-    loss_fn = make_tree_loss_fn(cfg, obj)
+    init = policy_state_init(cfg, opt)
+    loss_fn = make_rl_loss_fn(cfg, obj)
     out = {"prefix": prefix, "scale": scale, "sessions": sessions, "rows_per_step": rows,
            "model": "tiny_moe", "backend": jax.default_backend()}
     loss_eval = jax.jit(lambda p, b: loss_fn(p, b, None)[0])

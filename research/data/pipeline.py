@@ -1,32 +1,36 @@
-"""grain pipeline: sealed ArrayRecord shards -> group -> validated calls -> tree -> packed batch.
+"""grain pipelines: sealed ArrayRecord shards -> groups -> validated calls -> prefix trees.
 
-Deterministic given the seed (grain's index shuffle), checkpointable: `iterator.get_state()` is a
-JSON-able dict (saved by research/train/checkpoint.py as JSON next to the train state) and
-`iterator.set_state(state)` resumes at exactly the next batch. Each batch packs `groups_per_batch`
-groups into a fixed [num_rows, row_len] shape, so the jitted train step never recompiles; a batch
-whose trees do not fit raises an error naming the groups (raise num_rows or lower groups_per_batch).
+Two checkpointable iterators feed the RL loop; their states go into the orbax checkpoint (as JSON, by
+research/train/checkpoint.py) and are restored on resume, so a resumed run reads exactly what it would
+have read:
+
+- `step_stream(shards_dir)`: the RL stream. Each training step seals its finished groups as one keyed
+  batch (research/data/shards.py); the iterator yields them in sealing order, one element per step,
+  reading only that step's new shards (never re-reading old ones). Its state is the next batch index.
+- `demo_stream(paths, ...)`: the SFT stream over the demonstration shards: shuffled per epoch
+  (grain's index shuffle, seeded), repeated forever, `groups_per_step` groups per element.
+
+Both map every group through `to_tree` (bad calls dropped and named; one prefix tree per group). What
+is left — staleness, group filtering, advantages, per-node statistics and packing into the step's
+fixed row shape — depends on the learner's current version, so `research/rl/batches.py` does it.
 
 Bad input never stops training and never takes good data with it: a call that fails validation
 (logprob count != completion length, token id outside the vocab, empty completion, ...) is dropped
-with a message naming its rollout and call; a rollout without a reward drops its calls, each named;
-the messages and counts travel with the batch (`rejections`, `num_rejected`) for the metrics.
-GRPO-family advantages are computed here (rewards are known); for PPO with a critic the trainer
-recomputes the node statistics from GAE after a value forward pass on the batch's `trees`
-(research.trees.objective.ppo_stats_from_values).
+with a message naming its rollout and call; a rollout without a reward drops its calls, each named.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+from collections.abc import Callable
+from typing import Any
 
 import grain
-import numpy as np
 
 from research.capture import CaptureError
-from research.data.shards import GroupRecord, ShardSource
+from research.data.shards import GroupRecord, ShardSource, sealed_batches
 from research.trees.builder import GroupTree, build_tree
-from research.trees.packing import pack_trees
-from research.trees.targets import node_stats, normalizer, rollout_advantages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,17 +43,35 @@ class PipelineConfig:
     aggregation: str = "token_mean"
     merge_generations: bool = True
     seed: int = 0
-    num_epochs: int | None = 1  # None: repeat forever
+    filter_groups: bool = False  # drop groups whose rollouts all got the same reward (no GRPO signal)
+    # Rollouts that ended by the policy's own doing are trained on with `failure_reward` instead of being
+    # dropped: dropping them would hide the failure from the advantages (RL could never learn to avoid it).
+    scored_failures: tuple[str, ...] = ("timeout", "disk_limit")
+    failure_reward: float = 0.0
 
 
 @dataclasses.dataclass
 class TreeItem:
+    """One group after validation: its prefix tree (None if nothing trainable is left) and what was dropped."""
+
     tree: GroupTree | None
     rejections: list[str]
+    group: GroupRecord
+
+    @property
+    def rollout_ids(self) -> set[str]:
+        return {r.rollout_id for r in self.group.results} | {c.rollout_id for c in self.group.calls}
+
+    @property
+    def min_version(self) -> int | None:
+        vs = [c.weight_version for c in self.group.calls]
+        return min(vs) if vs else None
 
 
-def clean_group(rec: GroupRecord, vocab_size: int):
-    """(calls, results, rejections): drops exactly the bad calls/rollouts, naming each."""
+def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str, ...] = (),
+                failure_reward: float = 0.0):
+    """(calls, results, rejections): drops exactly the bad calls/rollouts, naming each. Results whose status
+    is in `scored_failures` count as rewarded with `failure_reward` (their calls are trained on)."""
     rejections, results = [], []
     for r in rec.results:
         try:
@@ -59,6 +81,8 @@ def clean_group(rec: GroupRecord, vocab_size: int):
             continue
         if r.status == "ok":
             results.append(r)
+        elif r.status in scored_failures:
+            results.append(dataclasses.replace(r, reward=failure_reward))
     rewarded = {r.rollout_id for r in results}
     calls = []
     for c in rec.calls:
@@ -76,43 +100,84 @@ def clean_group(rec: GroupRecord, vocab_size: int):
     return calls, results, rejections
 
 
-def to_tree(rec: GroupRecord, *, vocab_size: int, merge_generations: bool) -> TreeItem:
-    calls, results, rejections = clean_group(rec, vocab_size)
+def to_tree(rec: GroupRecord, cfg: PipelineConfig) -> TreeItem:
+    calls, results, rejections = clean_group(rec, cfg.vocab_size, scored_failures=cfg.scored_failures,
+                                             failure_reward=cfg.failure_reward)
+    merge_generations = cfg.merge_generations
     tree = build_tree(calls, results, merge_generations=merge_generations) if calls else None
-    return TreeItem(tree, rejections)
+    return TreeItem(tree, rejections, rec)
 
 
-def pack_items(items: list[TreeItem], cfg: PipelineConfig) -> dict[str, np.ndarray]:
-    """Advantages within (group, harness), per-node stats, best-fit packing into the fixed shape."""
-    trees = [it.tree for it in items if it.tree is not None]
-    rejections = [m for it in items for m in it.rejections]
-    if trees:
-        advs = rollout_advantages(trees, estimator=cfg.estimator)
-        stats = [node_stats(t, occ_adv=a, agg_name=cfg.aggregation) for t, a in zip(trees, advs)]
-        norms = [normalizer(t, cfg.aggregation) for t in trees]
-    else:
-        stats, norms = [], []
-    try:
-        out = pack_trees(trees, stats, norms, row_len=cfg.row_len, num_rows=cfg.num_rows)
-    except ValueError as e:
-        names = [f"{t.group_id}/{t.harness}" for t in trees]
-        raise ValueError(f"cannot pack groups {names}: {e}") from e
-    out["num_rejected"] = np.asarray(len(rejections), np.int32)
-    out["rejections"] = np.asarray(rejections, dtype=object)
-    out["num_groups"] = np.asarray(len(trees), np.int32)
-    out["trees"] = np.empty(len(trees), dtype=object)  # host-only: PPO recomputes stats with GAE on them
-    out["trees"][:] = trees
-    return out
+@dataclasses.dataclass
+class SealedBatch:
+    """The groups one training step sealed (`key` = the step's tag)."""
+
+    key: str
+    items: list[TreeItem]
 
 
-def make_dataset(paths: list[str], cfg: PipelineConfig) -> grain.IterDataset:
-    """Shards -> shuffled groups -> trees -> packed batches (an IterDataset; `iter()` it)."""
-    ds = grain.MapDataset.source(ShardSource(paths)).shuffle(seed=cfg.seed)
-    ds = ds.repeat(cfg.num_epochs)
-    ds = ds.map(lambda rec: to_tree(rec, vocab_size=cfg.vocab_size, merge_generations=cfg.merge_generations))
-    return ds.to_iter_dataset().batch(cfg.groups_per_batch, batch_fn=lambda items: pack_items(list(items), cfg))
+class _SealedBatchIterator(grain.DatasetIterator):
+    def __init__(self, shards_dir: pathlib.Path, cfg: PipelineConfig):
+        super().__init__()
+        self._dir, self._cfg, self._next = shards_dir, cfg, 0
+
+    def __next__(self) -> SealedBatch:
+        batches = sealed_batches(self._dir)
+        if self._next >= len(batches):
+            raise StopIteration
+        key, paths = batches[self._next]
+        src = ShardSource(paths) if paths else []
+        items = [to_tree(src[i], self._cfg) for i in range(len(src))]
+        self._next += 1
+        return SealedBatch(key, items)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"next_batch": self._next}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._next = int(state["next_batch"])
 
 
-def device_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The array part a train step consumes (drops host-only bookkeeping like rejection messages)."""
-    return {k: v for k, v in batch.items() if v.dtype != object}
+class SealedBatches(grain.IterDataset):
+    """An IterDataset over the keyed seals of `shards_dir`; it grows as the loop seals more steps.
+
+    `next()` raises StopIteration when every sealed batch has been read; calling it again after the
+    next seal returns that batch (the loop calls it exactly once per step, after sealing)."""
+
+    def __init__(self, shards_dir: str | pathlib.Path, cfg: PipelineConfig):
+        super().__init__()
+        self._dir, self._cfg = pathlib.Path(shards_dir), cfg
+
+    def __iter__(self) -> _SealedBatchIterator:
+        return _SealedBatchIterator(self._dir, self._cfg)
+
+    def __str__(self) -> str:
+        return f"SealedBatches({self._dir})"
+
+
+def step_stream(shards_dir: str | pathlib.Path, cfg: PipelineConfig) -> _SealedBatchIterator:
+    return iter(SealedBatches(shards_dir, cfg))
+
+
+class _Subset:
+    """A random-access view of `src` at `indices` (the demonstrations that pass the filter)."""
+
+    def __init__(self, src: ShardSource, indices: list[int]):
+        self.src, self.indices = src, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> GroupRecord:
+        return self.src[self.indices[int(i)]]
+
+
+def demo_stream(paths: list[str], cfg: PipelineConfig, *, groups_per_step: int,
+                keep: Callable[[GroupRecord], bool] = lambda rec: True) -> tuple[grain.DatasetIterator, int, int]:
+    """(iterator, kept, total): the groups that `keep` accepts, shuffled per epoch (seeded), repeated forever,
+    `groups_per_step` per element (a list of TreeItems)."""
+    src = ShardSource(paths)
+    good = [i for i in range(len(src)) if keep(src[i])]
+    ds = grain.MapDataset.source(_Subset(src, good)).shuffle(seed=cfg.seed).repeat(None)  # reshuffled per epoch
+    ds = ds.map(lambda rec: to_tree(rec, cfg))
+    return iter(ds.to_iter_dataset().batch(groups_per_step, batch_fn=list)), len(good), len(src)

@@ -6,6 +6,11 @@ log, keeps groups whose every rollout has a RolloutResult, and writes each as on
 calls and results). Durable: a shard is written to a temp name, fsync'd, renamed, and only then
 listed in `manifest.json` (itself replaced atomically). Idempotent: groups already in the manifest
 are skipped, so sealing the same (growing) log again only adds newly finished groups.
+
+Sealed batches: a seal with a `key` (the RL loop passes the step's tag) also records, in the manifest's
+`batches` list, which shards that seal wrote (possibly none). The loop's grain iterator reads the
+batches in that order, one per training step, so each step reads only its new shards; sealing a key
+again (a resumed step) adds nothing.
 """
 
 from __future__ import annotations
@@ -71,7 +76,8 @@ def finished_groups(log_path: str | os.PathLike) -> list[GroupRecord]:
 
 def _read_manifest(out_dir: pathlib.Path) -> dict:
     path = out_dir / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else {"shards": [], "groups": []}
+    m = json.loads(path.read_text()) if path.exists() else {}
+    return {"shards": m.get("shards", []), "groups": m.get("groups", []), "batches": m.get("batches", [])}
 
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
@@ -91,13 +97,18 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def seal_log(log_path: str | os.PathLike, out_dir: str | os.PathLike, *, groups_per_shard: int = 64) -> list[str]:
-    """Writes the log's newly finished groups into new shards; returns the new shard paths."""
+def seal_log(log_path: str | os.PathLike, out_dir: str | os.PathLike, *, groups_per_shard: int = 64,
+             key: str | None = None, rollout_ids: set[str] | None = None) -> list[str]:
+    """Writes the log's newly finished groups (only those with a rollout in `rollout_ids`, if given) into new
+    shards; returns the new shard paths. With `key`, records them as one sealed batch (once per key)."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = _read_manifest(out_dir)
+    if key is not None and any(b["key"] == key for b in manifest["batches"]):
+        return []
     done = set(manifest["groups"])
-    todo = sorted((g for g in finished_groups(log_path) if g.key not in done), key=lambda g: g.key)
+    todo = sorted((g for g in finished_groups(log_path) if g.key not in done and _wanted(g, rollout_ids)),
+                  key=lambda g: g.key)
     new = []
     for i in range(0, len(todo), groups_per_shard):
         chunk = todo[i:i + groups_per_shard]
@@ -115,7 +126,22 @@ def seal_log(log_path: str | os.PathLike, out_dir: str | os.PathLike, *, groups_
         manifest["groups"].extend(g.key for g in chunk)
         _write_atomic(out_dir / MANIFEST, json.dumps(manifest).encode())
         new.append(str(out_dir / name))
+    if key is not None:
+        manifest["batches"].append({"key": key, "shards": [pathlib.Path(p).name for p in new]})
+        _write_atomic(out_dir / MANIFEST, json.dumps(manifest).encode())
     return new
+
+
+def _wanted(g: GroupRecord, rollout_ids: set[str] | None) -> bool:
+    if rollout_ids is None:
+        return True
+    return any(r.rollout_id in rollout_ids for r in g.results) or any(c.rollout_id in rollout_ids for c in g.calls)
+
+
+def sealed_batches(out_dir: str | os.PathLike) -> list[tuple[str, list[str]]]:
+    """[(key, shard paths)] of the keyed seals, in the order they were sealed."""
+    out_dir = pathlib.Path(out_dir)
+    return [(b["key"], [str(out_dir / s) for s in b["shards"]]) for b in _read_manifest(out_dir)["batches"]]
 
 
 def shard_paths(out_dir: str | os.PathLike) -> list[str]:

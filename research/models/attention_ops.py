@@ -19,21 +19,24 @@ Implementations (``impl=``):
   diagonal blocks and below, of the same segment, are visited.
 - ``"dense_blocks"``: the blockwise kernel with skipping disabled (every key block visited, masked per
   element): the no-skipping baseline of ``research/benchmarks/attention.py``.
-- ``"pallas"``: the blockwise algorithm with the forward as a Pallas kernel (``attention_pallas.py``; interpret
-  mode on CPU, tested; not yet run on an accelerator), backward as in ``"blockwise"``.
-- ``"auto"``: ``"blockwise"``, and under an ambient mesh (``jax.set_mesh``) via ``attend_on_mesh``: rows
-  over the batch axes and kv heads over ``tensor`` in a ``shard_map`` (the SPMD partitioner cannot split
-  the kernel's block loops and would all-gather the batch onto every device).
+- ``"pallas"``: the blockwise algorithm with the forward as a Pallas kernel (``attention_pallas.py``) in the
+  backend's form (TPU: splash-style grid over the visible-block lists, Mosaic; GPU: block-sparse loop,
+  Triton; CPU: the GPU form in interpret mode), backward as in ``"blockwise"``. ``"pallas_gpu"`` /
+  ``"pallas_tpu"`` force a form (interpret mode on CPU: how both are tested here).
+- ``"auto"``: ``"pallas"`` on TPU/GPU, ``"blockwise"`` on CPU (``auto_impl``), and under an ambient mesh
+  (``jax.set_mesh``) via ``attend_on_mesh``: rows over the batch axes and kv heads over ``tensor`` in a
+  ``shard_map`` (the SPMD partitioner cannot split the kernel's block loops and would all-gather the batch
+  onto every device).
 
 Mapping to accelerators. Our per-pair classification (skip / partial / full) is splash attention's
 ``block_mask`` (0 / 1 / 2), and the compacted key-block list per query block is its ``data_next`` table
 (``jax.experimental.pallas.ops.tpu.splash_attention``, ``MaskInfo``). Stock splash builds ``MaskInfo`` on the
 host from a static mask; a tree differs per batch, so on TPU the same tables come from ``_block_lists`` on
 device and go to the kernel as scalar-prefetch operands (``PrefetchScalarGridSpec``: the K/V ``index_map``
-reads ``kidx``), with the per-element mask computed in-kernel from the four O(T) vectors (seg, idx,
-subtree_end). On GPU a Pallas/Triton kernel walks the same list (block-sparse FlashAttention); the
-``"pallas"`` impl here is that forward kernel; the causal path can use cuDNN flash attention. On CPU the
-jnp path is what runs; the per-block bodies are matmuls batched over kv heads that XLA:CPU threads.
+reads ``kidx``), with the per-element mask computed in-kernel from the O(T) vectors (seg, idx,
+subtree_end): ``attention_pallas`` form "tpu". On GPU a Pallas/Triton kernel walks the same list
+(block-sparse FlashAttention): form "gpu". On CPU the jnp path is what runs; the per-block bodies are
+matmuls batched over kv heads that XLA:CPU threads.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from jaxtyping import Array, Float, Int
 
 from research.models import attention_pallas
 
-IMPLS = ("auto", "blockwise", "causal", "dense_blocks", "pallas", "reference")
+IMPLS = ("auto", "blockwise", "causal", "dense_blocks", "pallas", "pallas_gpu", "pallas_tpu", "reference")
+_PALLAS = {"pallas": None, "pallas_gpu": "gpu", "pallas_tpu": "tpu"}  # impl -> kernel form (None: the backend's)
 _NEG = -1e30  # finite "minus infinity": masked logits never produce inf - inf = NaN
 
 
@@ -267,10 +271,16 @@ def _flash_bwd_impl(qT, kT, vT, bl: _Blocks, outT, lse, doT, groups: int):
     return dq.astype(qT.dtype), dk.astype(kT.dtype), dv.astype(vT.dtype)
 
 
-def _fwd(qT, kT, vT, bl, groups, kernel: str):
-    if kernel == "pallas":  # interpret mode where there is no accelerator to lower to
-        interpret = jax.default_backend() == "cpu"
-        return attention_pallas.flash_fwd_pallas(qT, kT, vT, bl, groups, interpret=interpret)
+def auto_impl() -> str:
+    """What ``impl="auto"`` runs: the Pallas kernel where there is an accelerator to compile it for."""
+    return "pallas" if jax.default_backend() in ("gpu", "tpu") else "blockwise"
+
+
+def _fwd(qT, kT, vT, bl, groups, kernel):
+    """kernel: "jnp" or ("pallas", form, interpret) (form/interpret None: the backend's)."""
+    if kernel != "jnp":
+        _, form, interpret = kernel
+        return attention_pallas.flash_fwd_pallas(qT, kT, vT, bl, groups, form=form, interpret=interpret)
     return _flash_fwd_impl(qT, kT, vT, bl, groups)
 
 
@@ -293,7 +303,7 @@ def _flash_bwd(groups, kernel, res, doT):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool = True, kernel: str = "jnp"):
+def _blockwise(q, k, v, seg, end, *, bq: int, bk: int, causal: bool, skip: bool = True, kernel="jnp"):
     """Pad T, lay blocks out as [blocks, K, G*block, D] (kv-head-batched matmuls), run the flash kernel."""
     B, T, H, D = q.shape
     K = k.shape[2]
@@ -327,6 +337,7 @@ def attend(
     impl: str = "auto",
     block_q: int = 256,
     block_k: int = 256,
+    interpret: bool | None = None,
 ) -> Float[Array, "B T H D"]:
     """Multi-head (GQA) attention under the packed-tree mask; softmax scale 1/sqrt(D), fp32 softmax.
 
@@ -334,7 +345,8 @@ def attend(
     plain causal segments (contiguous runs of one segment id). ``impl="causal"`` ignores ``subtree_end``
     and uses the mask ``seg[i] == seg[j] != 0 and j <= i``. T need not be a multiple of the block sizes
     (rows are padded internally); blocks larger than T shrink to T. Output dtype = q's dtype; padding
-    queries (seg 0) give exact zeros and zero gradients.
+    queries (seg 0) give exact zeros and zero gradients. ``interpret`` (Pallas impls only): run the kernel in
+    Pallas interpret mode (default: on CPU only).
     """
     if q_BxTxHxD.shape[2] % k_BxTxKxD.shape[2]:
         raise ValueError(f"num heads {q_BxTxHxD.shape[2]} is not a multiple of num kv heads {k_BxTxKxD.shape[2]}")
@@ -349,11 +361,12 @@ def attend(
             v_BxTxKxD,
             segment_ids_BxT=segment_ids_BxT,
             subtree_end_BxT=subtree_end_BxT,
-            impl="blockwise",
+            impl=auto_impl(),
             block_q=block_q,
             block_k=block_k,
+            interpret=interpret,
         )
-    if impl in ("blockwise", "causal", "dense_blocks", "pallas"):
+    if impl in ("blockwise", "causal", "dense_blocks", *_PALLAS):
         return _blockwise(
             q_BxTxHxD,
             k_BxTxKxD,
@@ -364,7 +377,7 @@ def attend(
             bk=block_k,
             causal=impl == "causal",
             skip=impl != "dense_blocks",
-            kernel="pallas" if impl == "pallas" else "jnp",
+            kernel=("pallas", _PALLAS[impl], interpret) if impl in _PALLAS else "jnp",
         )
     raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
 

@@ -60,7 +60,7 @@ class ModelConfig:
     dtype: str = "bfloat16"  # compute dtype; params are always param_dtype
     param_dtype: str = "float32"
     attention_impl: str = "auto"
-    moe_impl: str = "auto"  # "ragged" (ragged_dot) | "blocked" (CPU-fast) | "dense" | "auto" (see moe.py)
+    moe_impl: str = "auto"  # "ragged" | "blocked" (CPU-fast) | "dense" | "auto" | "shapes" (AOT only); see moe.py
     expert_parallel: bool = False  # MoE through shard_map over the "expert" mesh axis (needs a mesh context)
     remat_policy: str = "none"  # see qwen3.REMAT_POLICIES
     scan_layers: bool = True

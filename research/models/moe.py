@@ -10,6 +10,11 @@ Three interchangeable expert kernels, same math (``cfg.moe_impl``):
 - ``"dense"``: every expert on every token, gated by a dense [N, E] combine matrix. The obviously-correct
   reference; fine for tiny tests.
 - ``"auto"``: ragged on TPU/GPU, blocked on CPU.
+- ``"shapes"``: compile-only, for AOT memory analysis on CPU (``research/train/aot.py``): ``"ragged"`` with each
+  grouped matmul replaced by one dense matmul of the same operand, result and gradient shapes. Its numbers
+  are WRONG; its buffers are those of a grouped GEMM on TPU/GPU, which XLA:CPU's dense lowering of
+  ``ragged_dot`` (an [experts, assignments, D] array per matmul) and ``"blocked"`` (per-block weight copies
+  saved for the backward) are not.
 
 Expert parallelism (``cfg.expert_parallel``; used when an ambient mesh with an ``expert`` axis is set via
 ``jax.set_mesh``, else the identical single-device math runs): experts are sharded over the ``expert`` mesh axis and the
@@ -87,14 +92,35 @@ def _unsort_combine(y_AxD, order, w_NxK):
     return jnp.einsum("nkd,nk->nd", y_NxKxD, w_NxK.astype(y_NxKxD.dtype))
 
 
-def experts_ragged(x_NxD, ids_NxK, w_NxK, wg_ExDxI, wu_ExDxI, wo_ExIxD):
+def experts_ragged(x_NxD, ids_NxK, w_NxK, wg_ExDxI, wu_ExDxI, wo_ExIxD, dot=jax.lax.ragged_dot):
     E = wg_ExDxI.shape[0]
     K = ids_NxK.shape[1]
     flat_e, order, counts_E = _sort_assignments(ids_NxK, E)
     xs_AxD = x_NxD[order // K]
-    h = jax.nn.silu(jax.lax.ragged_dot(xs_AxD, wg_ExDxI, counts_E)) * jax.lax.ragged_dot(xs_AxD, wu_ExDxI, counts_E)
-    y_AxD = jax.lax.ragged_dot(h, wo_ExIxD, counts_E)  # rows past sum(counts) (non-local) come out 0
+    h = jax.nn.silu(dot(xs_AxD, wg_ExDxI, counts_E)) * dot(xs_AxD, wu_ExDxI, counts_E)
+    y_AxD = dot(h, wo_ExIxD, counts_E)  # rows past sum(counts) (non-local) come out 0
     return _unsort_combine(y_AxD, order, w_NxK)
+
+
+@jax.custom_vjp
+def grouped_matmul_shapes(x_AxK, w_ExKxN, counts_E):
+    """Memory stand-in of ``ragged_dot`` (moe_impl "shapes"): a grouped GEMM's operands, [A, N] result and
+    [E, K, N] weight gradient, computed as if every row belonged to expert 0."""
+    del counts_E
+    return x_AxK @ w_ExKxN[0]
+
+
+def _gms_fwd(x_AxK, w_ExKxN, counts_E):
+    return x_AxK @ w_ExKxN[0], (x_AxK, w_ExKxN)
+
+
+def _gms_bwd(res, dy_AxN):
+    x_AxK, w_ExKxN = res
+    dw = jnp.zeros_like(w_ExKxN).at[0].set((x_AxK.T @ dy_AxN).astype(w_ExKxN.dtype))
+    return (dy_AxN @ w_ExKxN[0].T).astype(x_AxK.dtype), dw, None
+
+
+grouped_matmul_shapes.defvjp(_gms_fwd, _gms_bwd)
 
 
 def experts_blocked(x_NxD, ids_NxK, w_NxK, wg_ExDxI, wu_ExDxI, wo_ExIxD, block_rows: int = _BLOCK_ROWS):
@@ -130,7 +156,8 @@ def pl2(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
-_IMPLS = {"dense": experts_dense, "ragged": experts_ragged, "blocked": experts_blocked}
+_IMPLS = {"dense": experts_dense, "ragged": experts_ragged, "blocked": experts_blocked,
+          "shapes": functools.partial(experts_ragged, dot=grouped_matmul_shapes)}
 
 
 def resolve_impl(name: str) -> str:

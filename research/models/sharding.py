@@ -24,29 +24,35 @@ from jax.sharding import Mesh, NamedSharding
 
 from research.models import Qwen3, dummy_inputs
 from research.models.config import ModelConfig
+from research.models.params import abstract_params
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
+
+
+def mesh_shape(sizes: dict[str, int], num_devices: int) -> dict[str, int]:
+    """The axis sizes with the one -1 resolved to the remaining devices; errors name the mesh. Used by
+    `make_mesh` and by the run config's start-up check (research/rl/config.py), which has no devices yet."""
+    sizes = {a: int(sizes[a]) for a in MESH_AXES}
+    free = [a for a, s in sizes.items() if s == -1]
+    if len(free) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {sizes}")
+    if any(s < 1 for a, s in sizes.items() if a not in free):
+        raise ValueError(f"mesh {sizes}: sizes must be >= 1 or -1")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if free:
+        if num_devices % known:
+            raise ValueError(f"{num_devices} devices not divisible by {sizes}")
+        sizes[free[0]] = num_devices // known
+    return sizes
 
 
 def make_mesh(data: int = 1, fsdp: int = -1, expert: int = 1, tensor: int = 1, devices=None) -> Mesh:
     """A (data, fsdp, expert, tensor) mesh over ``devices`` (default all); one size may be -1 (the rest)."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [data, fsdp, expert, tensor]
-    if sizes.count(-1) > 1:
-        raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
-    known = math.prod(s for s in sizes if s != -1)
-    if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices not divisible by {dict(zip(MESH_AXES, sizes))}")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {len(devices)}")
-    return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES)
-
-
-def abstract_params(cfg: ModelConfig) -> Any:
-    """Boxed (LogicallyPartitioned) ShapeDtypeStructs of the params: shapes + logical names, no memory."""
-    return jax.eval_shape(lambda: Qwen3(cfg).init(jax.random.key(0), *dummy_inputs()))["params"]
+    sizes = mesh_shape(dict(data=data, fsdp=fsdp, expert=expert, tensor=tensor), len(devices))
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(f"mesh {sizes} needs {math.prod(sizes.values())} devices, have {len(devices)}")
+    return Mesh(np.asarray(devices, dtype=object).reshape(list(sizes.values())), MESH_AXES)
 
 
 def logical_shardings(boxed_tree: Any, mesh: Mesh, rules) -> Any:

@@ -1,4 +1,7 @@
-"""The policy's tokenizer and chat template (Qwen3), loaded from a local dir or a hub name.
+"""The policy's tokenizer and chat template (Qwen3): the packaged copy, a local dir, or a hub name.
+
+The real Qwen3 tokenizer ships with the package (`assets/qwen3/`, Apache-2.0; tokenizer.json gzipped), so
+`load_tokenizer()` works offline anywhere: the demo and the tests never depend on a download.
 
 Why not `transformers.AutoTokenizer`: the shim tokenizes on the serving hot path and needs only the
 fast `tokenizers` core plus the jinja chat template; importing transformers costs seconds and pulls
@@ -12,6 +15,7 @@ Every load failure names the file and the key that is missing or broken.
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 import os
 import pathlib
@@ -23,6 +27,7 @@ import jinja2.sandbox
 import tokenizers
 
 TOKENIZER_FILE = "tokenizer.json"
+PACKAGED_QWEN3 = pathlib.Path(__file__).resolve().parent / "assets" / "qwen3"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -102,12 +107,17 @@ class Tokenizer:
     def from_dir(cls, directory: str | os.PathLike) -> Tokenizer:
         directory = pathlib.Path(directory)
         tok_path = directory / TOKENIZER_FILE
-        if not tok_path.exists():
-            raise TokenizerLoadError(f"{tok_path}: file missing (need the fast tokenizer JSON)")
+        gz_path = tok_path.with_name(TOKENIZER_FILE + ".gz")
+        if not tok_path.exists() and not gz_path.exists():
+            raise TokenizerLoadError(f"{tok_path}: file missing (need the fast tokenizer JSON, or {gz_path.name})")
         try:
-            core = tokenizers.Tokenizer.from_file(str(tok_path))
+            if tok_path.exists():
+                core = tokenizers.Tokenizer.from_file(str(tok_path))
+            else:
+                core = tokenizers.Tokenizer.from_str(gzip.decompress(gz_path.read_bytes()).decode("utf-8"))
         except Exception as e:  # tokenizers raises a bare Exception subclass with a serde message
-            raise TokenizerLoadError(f"{tok_path}: cannot be parsed by `tokenizers`: {e}") from e
+            path = tok_path if tok_path.exists() else gz_path
+            raise TokenizerLoadError(f"{path}: cannot be parsed by `tokenizers`: {e}") from e
         cfg_path = directory / CONFIG_FILE
         config = _read_json(cfg_path) if cfg_path.exists() else {}
         template = _find_template(directory, config)
@@ -158,8 +168,11 @@ class Tokenizer:
         return self.encode(text) if tokenize else text
 
 
-def load_tokenizer(name_or_path: str | os.PathLike) -> Tokenizer:
-    """A local directory, or a hub repo id downloaded with huggingface_hub (only the tokenizer files)."""
+def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> Tokenizer:
+    """The packaged Qwen3 tokenizer (no argument / ""), a local directory, or a hub repo id downloaded with
+    huggingface_hub (only the tokenizer files)."""
+    if not name_or_path:
+        return Tokenizer.from_dir(PACKAGED_QWEN3)
     path = pathlib.Path(name_or_path)
     if path.is_dir():
         return Tokenizer.from_dir(path)

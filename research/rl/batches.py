@@ -1,28 +1,30 @@
-"""Capture log -> sealed ArrayRecord shards -> grain -> group trees -> one packed batch per step.
+"""One training step's batch: sealed groups (from the grain streams) -> advantages -> packed rows.
 
-Why through shards and grain even in a single process: the shards are the durable, replayable record
-of what the trainer saw (a resumed or a later offline run reads the same groups), and the grain source
-is the same one a multi-host trainer uses. Staleness is enforced here, per group: a group whose
-oldest call was generated more than `max_off_policy_steps` weight versions ago is dropped and counted,
-never trained on.
+The grain iterators of research/data/pipeline.py yield validated group trees; what depends on the
+learner's current weight version happens here, per step:
+- staleness, per group: a group whose oldest call was generated more than `max_off_policy_steps`
+  versions ago is dropped and counted, never trained on;
+- group filtering (`PipelineConfig.filter_groups`, DAPO's dynamic-sampling filter): a group whose
+  rollouts all got the same reward has zero GRPO advantage everywhere, yet its tokens would still
+  dilute a token-mean normaliser (a smaller effective step for the groups that carry signal) and feed
+  the KL/entropy terms; it is dropped and counted;
+- GRPO-family advantages per (group, harness), per-node loss statistics, best-fit packing into at
+  least `num_rows` rows (more, in multiples, if needed), the LM-head loss slots and routed experts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
-import grain
 import numpy as np
 
-from research.capture import CallRecord
-from research.data.pipeline import PipelineConfig, TreeItem, clean_group, pack_items
-from research.data.shards import GroupRecord, ShardSource, seal_log, shard_paths
+from research.data.pipeline import PipelineConfig, TreeItem
 from research.rl.objective import loss_slots
-from research.trees.builder import GroupTree, build_tree
-from research.trees.packing import pack_routed_experts
+from research.trees.builder import GroupTree
+from research.trees.packing import pack_routed_experts, pack_trees
+from research.trees.targets import node_stats, normalizer, rollout_advantages
 
-HOST_ONLY = ("tree_id", "node_id", "own", "rejections", "num_rejected", "num_groups")
+HOST_ONLY = ("tree_id", "node_id", "own")
 
 
 @dataclasses.dataclass
@@ -36,81 +38,81 @@ class StepBatch:
     trained_ids: set[str]
     stale_groups: int
     stale_rollouts: int
+    filtered_groups: int  # dropped by the group filter (all rewards equal)
     rejections: list[str]
     flat_tokens: int  # sum over calls of prompt + completion (what per-call training would process)
     tree_tokens: int
     min_version: int
 
-
-def seal(capture_path: pathlib.Path, shards_dir: pathlib.Path) -> list[str]:
-    if not capture_path.exists():
-        return []
-    return seal_log(capture_path, shards_dir)
+    @property
+    def empty(self) -> bool:
+        return not self.trees
 
 
-def load_groups(shards_dir: pathlib.Path, want: set[str]) -> list[GroupRecord]:
-    """The sealed groups (grain source over every shard) that belong to rollouts in `want`."""
-    paths = shard_paths(shards_dir)
-    if not paths:
-        return []
-    ds = grain.MapDataset.source(ShardSource(paths))
-    out = []
-    for i in range(len(ds)):
-        rec = ds[i]
-        rids = {r.rollout_id for r in rec.results} | {c.rollout_id for c in rec.calls}
-        if rids & want:
-            out.append(rec)
-    return out
-
-
-def _version(rec: GroupRecord) -> int | None:
-    vs = [c.weight_version for c in rec.calls]
-    return min(vs) if vs else None
-
-
-def build_batch(groups: list[GroupRecord], pcfg: PipelineConfig, *, current_version: int, max_off_policy: int,
-                loss_slots_k: int) -> StepBatch | None:
-    """Trees of the fresh groups packed into at least `pcfg.num_rows` rows (more, in multiples, if needed)."""
-    fresh, stale, stale_r, rids = [], 0, 0, set()
-    for rec in groups:
-        ids = {r.rollout_id for r in rec.results}
-        rids |= ids
-        v = _version(rec)
+def _fresh(items: list[TreeItem], current_version: int, max_off_policy: int):
+    fresh, stale, stale_r = [], 0, 0
+    for it in items:
+        v = it.min_version
         if v is not None and current_version - v > max_off_policy:
-            stale, stale_r = stale + 1, stale_r + len(ids)
+            stale, stale_r = stale + 1, stale_r + len({r.rollout_id for r in it.group.results})
             continue
-        fresh.append(rec)
-    items = []
-    for rec in fresh:
-        calls, results, rejections = clean_group(rec, pcfg.vocab_size)
-        tree = build_tree(calls, results, merge_generations=pcfg.merge_generations) if calls else None
-        items.append((TreeItem(tree, rejections), calls))
-    trees = [it.tree for it, _ in items if it.tree is not None]
-    rejections = [m for it, _ in items for m in it.rejections]
-    base = dict(rollout_ids=rids, stale_groups=stale, stale_rollouts=stale_r, rejections=rejections)
-    if not trees:
-        return StepBatch(device={}, packed={}, trees=[], trained_ids=set(), flat_tokens=0, tree_tokens=0,
-                         min_version=current_version, **base)
+        fresh.append(it)
+    return fresh, stale, stale_r
+
+
+def has_signal(tree: GroupTree) -> bool:
+    """Whether the group's rollouts got different rewards (else every group advantage is zero)."""
+    rewards = {c.reward for c in tree.calls}
+    return len(rewards) > 1
+
+
+def pack(trees: list[GroupTree], pcfg: PipelineConfig) -> dict[str, np.ndarray]:
+    """Advantages within (group, harness), per-node stats, best-fit packing into >= num_rows rows."""
+    advs = rollout_advantages(trees, estimator=pcfg.estimator)
+    stats = [node_stats(t, occ_adv=a, agg_name=pcfg.aggregation) for t, a in zip(trees, advs)]
+    norms = [normalizer(t, pcfg.aggregation) for t in trees]
     need = sum(-(-t.num_nodes // pcfg.row_len) for t in trees)
     rows = pcfg.num_rows * max(1, -(-need // pcfg.num_rows))
     while True:
         try:
-            packed = pack_items([it for it, _ in items], dataclasses.replace(pcfg, num_rows=rows))
-            break
-        except ValueError:
+            return pack_trees(trees, stats, norms, row_len=pcfg.row_len, num_rows=rows)
+        except ValueError as e:
             if rows > 16 * need + pcfg.num_rows:
-                raise
+                names = [f"{t.group_id}/{t.harness}" for t in trees]
+                raise ValueError(f"cannot pack groups {names}: {e}") from e
             rows += pcfg.num_rows
+
+
+def build_batch(items: list[TreeItem], pcfg: PipelineConfig, *, current_version: int, max_off_policy: int,
+                loss_slots_k: int, filter_groups: bool | None = None, max_groups: int | None = None) -> StepBatch:
+    """The step's batch from its sealed groups (see the module docstring); `empty` if nothing is trainable.
+
+    `filter_groups` overrides `pcfg.filter_groups` (SFT never filters); `max_groups` keeps only the first
+    groups (dynamic sampling may finish with more informative groups than a step trains on: fixed shapes)."""
+    rids = set().union(*(it.rollout_ids for it in items)) if items else set()
+    fresh, stale, stale_r = _fresh(items, current_version, max_off_policy)
+    trees = [it.tree for it in fresh if it.tree is not None]
+    filtered = 0
+    if pcfg.filter_groups if filter_groups is None else filter_groups:
+        kept = [t for t in trees if has_signal(t)]
+        filtered, trees = len(trees) - len(kept), kept
+    if max_groups is not None:
+        trees = trees[:max_groups]
+    base = dict(rollout_ids=rids, stale_groups=stale, stale_rollouts=stale_r, filtered_groups=filtered,
+                rejections=[m for it in fresh for m in it.rejections])
+    if not trees:
+        return StepBatch(device={}, packed={}, trees=[], trained_ids=set(), flat_tokens=0, tree_tokens=0,
+                         min_version=current_version, **base)
+    packed = pack(trees, pcfg)
     idx, valid = loss_slots(packed["count"], loss_slots_k)
-    device = {k: v for k, v in packed.items()
-              if k not in HOST_ONLY and isinstance(v, np.ndarray) and v.dtype != object}
+    device = {k: v for k, v in packed.items() if k not in HOST_ONLY}
     device.update(loss_idx=idx, loss_valid=valid)
     routed = pack_routed_experts(trees, packed)
     if routed is not None:
         device["expert_ids"] = routed
-    calls: list[CallRecord] = [c for _, cs in items for c in cs]
-    trained = {ci.rollout_id for t in trees for ci in t.calls}
-    return StepBatch(device=device, packed=packed, trees=trees, trained_ids=trained,
-                     flat_tokens=sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls),
+    calls = [c for t in trees for c in t.calls]
+    versions = [int(t.weight_version[t.weight_version >= 0].min()) for t in trees if (t.weight_version >= 0).any()]
+    return StepBatch(device=device, packed=packed, trees=trees, trained_ids={c.rollout_id for c in calls},
+                     flat_tokens=sum(c.prompt_len + c.completion_len for c in calls),
                      tree_tokens=sum(t.num_nodes for t in trees),
-                     min_version=min(c.weight_version for c in calls), **base)
+                     min_version=min(versions, default=current_version), **base)

@@ -26,7 +26,7 @@ def rollout_metrics(results: list[RolloutResult], prefix: str = "rollout") -> di
             continue
         rewards = [r.reward if r.reward is not None else 0.0 for r in rs]
         out[f"{prefix}/{name}/reward"] = statistics.fmean(rewards)
-        out[f"{prefix}/{name}/pass_rate"] = statistics.fmean([float(r.status == "ok" and r.reward >= 1.0) for r in rs])
+        out[f"{prefix}/{name}/pass_rate"] = statistics.fmean([float(r.success()) for r in rs])
         out[f"{prefix}/{name}/count"] = float(len(rs))
     for status, n in collections.Counter(r.status for r in results).items():
         out[f"{prefix}/status/{status}"] = float(n)
@@ -114,6 +114,46 @@ def plot_rewards(workdir: pathlib.Path) -> pathlib.Path:
         ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     out = pathlib.Path(workdir) / "reward_curve.png"
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_runs(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, *, labels: list[str] | None = None,
+              title: str = "held-out pass rate") -> pathlib.Path:
+    """Held-out pass rate (greedy evals) of several runs against minutes since each run started, one line per
+    run (for a run and its control: e.g. RL after SFT vs the same minutes spent on more SFT). The x axis is
+    wall-clock minutes because the compared runs spend their steps on different things."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, wd in enumerate(workdirs):
+        last: dict[int, dict] = {}
+        for r in read_metrics(pathlib.Path(wd)):
+            if r["kind"] == "eval" and "eval/elapsed_min" in r:
+                last[r["step"]] = r
+        pts = sorted((r["eval/elapsed_min"], r["eval/all/pass_rate"]) for r in last.values())
+        if not pts:
+            raise ValueError(f"{wd}: no held-out evals in metrics.jsonl")
+        label = labels[i] if labels else pathlib.Path(wd).name
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, label=label)
+        rl = [r for r in read_metrics(pathlib.Path(wd)) if r["kind"] == "train"]
+        if rl:  # where the RL phase began (the first RL step's eval time is not logged; the last pre-RL eval is)
+            start = max((r["eval/elapsed_min"] for s, r in last.items() if s <= min(x["step"] for x in rl) - 1),
+                        default=None)
+            if start is not None:
+                ax.axvline(start, color=ax.lines[-1].get_color(), ls=":", lw=1)
+    ax.set_xlabel("minutes since the run started")
+    ax.set_ylabel("held-out pass rate (greedy)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    out = pathlib.Path(out)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

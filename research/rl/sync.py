@@ -23,7 +23,7 @@ async def sync_jax(engine, learner, version: int, workdir: pathlib.Path) -> None
 async def sync_sglang(engine, learner, version: int, workdir: pathlib.Path) -> None:  # noqa: ANN001
     root = workdir / "hf_weights"
     path = root / f"v{version:06d}"
-    save_hf(jax.device_get(learner.state.params), learner.model_cfg, path, dtype=learner.config.sync.export_dtype)
+    save_hf(jax.device_get(learner.state.params), learner.model_cfg, path, dtype=learner.run.sync.export_dtype)
     await engine.pause()
     try:
         await engine.update_weights_from_disk(str(path), version)

@@ -1,9 +1,18 @@
-"""The learner: one TrainState, jitted steps for the configured algorithm, PPO pre-pass, weight export.
+"""The learner: one TrainState, the jitted RL and SFT steps, the RL update on a batch, weight export.
 
 Algorithms (`config.algo`): "grpo" (tree GRPO-family, no critic), "ppo" (tree PPO with a value head:
 GAE on the trees from a no-grad pre-pass), "sft" (NLL of captured demonstrations). One state serves
 all three, so an SFT warm start continues as RL in the same run; an SFT step on a PPO state simply
 leaves the critic untouched.
+
+The RL update on one batch (`Learner.train`): `train.epochs` passes over the batch, each split into
+`train.minibatches` optimizer steps over disjoint row slices (reshuffled per pass). pi_old is the
+policy before the update: the behaviour log-probs (exact for the fp32 JAX engine) or, with
+`rl.recompute_old_logp`, a trainer forward. With one pass of one minibatch the PPO ratio is 1 and the
+clip never acts; with more, it bounds how far one batch moves the policy. A batch in which no loss
+token carries an advantage is not stepped on at all (`train.skip_empty`): with zero gradients Adam's
+momentum would still move every parameter. Diagnostics (`rl/diagnostics.py`) measure what the update
+did to the batch's own tokens.
 """
 
 from __future__ import annotations
@@ -14,104 +23,85 @@ import shutil
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from research import losses
-from research.data.pipeline import PipelineConfig
-from research.models import Qwen3, dummy_inputs
+from research.rl import diagnostics
 from research.rl.batches import StepBatch
-from research.rl.objective import make_eval_fn, make_rl_loss_fn, make_sft_loss_fn, scatter_slots
+from research.rl.config import RunConfig
+from research.rl.objective import (
+    init_critic_params,
+    make_eval_fn,
+    make_rl_loss_fn,
+    make_sft_loss_fn,
+    scatter_slots,
+)
 from research.train.optim import make_optimizer
-from research.train.state import StateInit, abstract_train_state, init_train_state, make_mesh, model_config
-from research.train.step import make_train_step
-from research.trees.objective import TreeObjective, init_critic_params, ppo_stats_from_values
+from research.train.state import StateInit, abstract_train_state, init_train_state, make_mesh, policy_state_init
+from research.train.step import TrainStep, make_train_step
+from research.trees.targets import ppo_stats_from_values
 
-ALGOS = ("grpo", "ppo", "sft")
 log = logging.getLogger(__name__)
+PPO_FIELDS = ("weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "old_values")
 
 
-def loss_config(config: ml_collections.ConfigDict) -> losses.LossConfig:
-    a = config.rl
-    return losses.LossConfig(
-        algo="ppo" if config.algo == "ppo" else "grpo", aggregation=a.aggregation, clip_low=a.clip_low,
-        clip_high=a.clip_high, kl_coef=a.kl_coef, kl_estimator=a.get("kl_estimator", "k3"),
-        entropy_coef=a.entropy_coef, is_correction=a.is_correction, is_cap=a.is_cap, value_coef=a.value_coef)
-
-
-def pipeline_config(config: ml_collections.ConfigDict) -> PipelineConfig:
-    t = config.train
-    return PipelineConfig(row_len=t.row_len, num_rows=t.batch_rows, groups_per_batch=config.rollout.groups_per_step,
-                          vocab_size=config.model.vocab_size, estimator=config.rl.estimator,
-                          aggregation=config.rl.aggregation, merge_generations=True, seed=config.seed)
-
-
-def tree_objective(config: ml_collections.ConfigDict) -> TreeObjective:
-    return TreeObjective(loss=loss_config(config), critic="head" if config.algo == "ppo" else "none",
-                         logprob_chunk=config.train.logprob_chunk, temperature=1.0)
-
-
-def state_init(config: ml_collections.ConfigDict, model_cfg, obj: TreeObjective) -> StateInit:
+def state_init(run: RunConfig) -> StateInit:
     """Policy (+ value head for PPO) params and their optimizers, as functions (nothing is allocated)."""
-    optimizer, _ = make_optimizer(config.optim)
-    # (expert parallelism does not change the params; the init forward runs without it, as in train.state)
-    init_cfg = model_cfg.replace(expert_parallel=False)
-    init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
-    if obj.critic == "none":
-        return StateInit(init_fn=init_fn, optimizer=optimizer)
-    critic_optimizer, _ = make_optimizer(config.critic_optim)
-    critic_init = lambda r: init_critic_params(model_cfg, obj, r)
-    return StateInit(init_fn=init_fn, optimizer=optimizer, critic_init_fn=critic_init,
-                     critic_optimizer=critic_optimizer)
+    optimizer, _ = make_optimizer(run.optim)
+    if run.algo != "ppo":
+        return policy_state_init(run.model, optimizer)
+    return policy_state_init(run.model, optimizer, critic_init_fn=lambda r: init_critic_params(run.model, r),
+                             critic_optimizer=make_optimizer(run.critic_optim)[0])
 
 
-def batch_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    return tuple(config.train.get("batch_axes", ("data", "fsdp")))
-
-
-def rl_optimizer(config: ml_collections.ConfigDict, init: StateInit):
+def rl_optimizer(run: RunConfig, init: StateInit):
     """The RL phase's optimizer: `config.rl_optim` when set (an SFT warm start at a high lr followed by RL
     at a much lower one, with fresh Adam moments: see Learner.start_rl), else the policy's `config.optim`."""
-    if not config.get("rl_optim"):
-        return init.optimizer
-    return make_optimizer(config.rl_optim)[0]
+    return init.optimizer if run.rl_optim is None else make_optimizer(run.rl_optim)[0]
 
 
-def make_steps(config: ml_collections.ConfigDict, model_cfg, obj: TreeObjective, init: StateInit, mesh,
-               state_shardings) -> dict:
-    """{"rl": TrainStep, "sft": TrainStep} sharing the state layout; rows sharded over `batch_axes`."""
-    rows = NamedSharding(mesh, PartitionSpec(batch_axes(config)))
+def make_steps(run: RunConfig, init: StateInit, mesh, state_shardings) -> dict[str, TrainStep]:
+    """{"rl": TrainStep, "sft": TrainStep} sharing the state layout; rows sharded over `train.batch_axes`."""
+    rows = NamedSharding(mesh, PartitionSpec(run.train.batch_axes))
+    obj = run.objective()
     kw = dict(state_shardings=state_shardings, batch_shardings=rows, critic_optimizer=init.critic_optimizer,
-              num_microbatches=config.train.num_microbatches)
-    return {"rl": make_train_step(loss_fn=make_rl_loss_fn(model_cfg, obj), optimizer=rl_optimizer(config, init), **kw),
-            "sft": make_train_step(loss_fn=make_sft_loss_fn(model_cfg, obj), optimizer=init.optimizer, **kw)}
+              num_microbatches=run.train.num_microbatches)
+    return {"rl": make_train_step(loss_fn=make_rl_loss_fn(run.model, obj), optimizer=rl_optimizer(run, init), **kw),
+            "sft": make_train_step(loss_fn=make_sft_loss_fn(run.model, obj), optimizer=init.optimizer, **kw)}
+
+
+def _global_sum(x: float) -> float:
+    """x summed over processes (one process: x)."""
+    if jax.process_count() == 1:
+        return x
+    from jax.experimental import multihost_utils
+
+    return float(np.sum(multihost_utils.process_allgather(np.asarray(x, np.float64))))
 
 
 class Learner:
-    def __init__(self, config: ml_collections.ConfigDict):
-        if config.algo not in ALGOS:
-            raise ValueError(f"config.algo={config.algo!r}; known: {ALGOS}")
-        self.config = config
-        self.model_cfg = model_config(config)
-        self.mesh = make_mesh(config.mesh)
-        self.obj = tree_objective(config)
-        self.init = state_init(config, self.model_cfg, self.obj)
+    def __init__(self, config):
+        self.run = run = RunConfig.of(config, num_devices=jax.device_count())
+        self.model_cfg = run.model
+        self.mesh = make_mesh(run.mesh)
+        self.obj = run.objective()
+        self.init = state_init(run)
         rules = self.model_cfg.logical_rules
-        self.state, self.shardings = init_train_state(self.init, self.mesh, rules, jax.random.PRNGKey(config.seed))
+        self.state, self.shardings = init_train_state(self.init, self.mesh, rules, jax.random.PRNGKey(run.seed))
         self.abstract = abstract_train_state(self.init, self.mesh, rules)
-        if config.get("init_checkpoint"):  # start from an HF checkpoint (a resumed run restores over it)
+        if run.init_checkpoint:  # start from an HF checkpoint (a resumed run restores over it)
             from research.models.hf_io import load_hf
 
-            params, _ = load_hf(config.init_checkpoint, self.model_cfg, shardings=self.shardings.params)
+            params, _ = load_hf(run.init_checkpoint, self.model_cfg, shardings=self.shardings.params)
             self.state = self.state.replace(params=params)
-        self._steps = make_steps(config, self.model_cfg, self.obj, self.init, self.mesh, self.shardings)
+        self._steps = make_steps(run, self.init, self.mesh, self.shardings)
         self._eval = make_eval_fn(self.model_cfg, self.obj)
         self.ref_params = None  # frozen reference policy (only when the KL penalty is on): see init_reference
 
     @property
     def step(self) -> int:
+        """Optimizer updates applied so far (the learning-rate schedule's clock)."""
         return int(self.state.step)
 
     def start_rl(self) -> bool:
@@ -121,12 +111,11 @@ class Learner:
         turn the first, much larger policy gradients into steps of several times the learning rate, and
         the SFT learning rate itself is far too high for RL (measured: a 0.78 pass-rate policy collapses to
         0 within 10 GRPO steps at the SFT lr of 4e-3)."""
-        if not self.config.get("rl_optim"):
+        if self.run.rl_optim is None:
             return False
-        opt = rl_optimizer(self.config, self.init)
+        opt = rl_optimizer(self.run, self.init)
         if jax.tree.structure(jax.eval_shape(opt.init, self.state.params)) != jax.tree.structure(self.state.opt_state):
-            raise ValueError("config.rl_optim must build the same optimizer state structure as config.optim "
-                             "(same chain: e.g. both with clip_norm > 0)")
+            raise ValueError("config.rl_optim must build the same optimizer state structure as config.optim")
         fresh = jax.jit(opt.init, out_shardings=self.shardings.opt_state)(self.state.params)
         self.state = self.state.replace(opt_state=fresh)
         return True
@@ -134,7 +123,7 @@ class Learner:
     # ------------------------------------------------------------------ reference policy (KL penalty)
     @property
     def uses_reference(self) -> bool:
-        return self.config.algo != "sft" and self.config.rl.kl_coef > 0
+        return self.run.uses_reference
 
     def init_reference(self, directory: str | pathlib.Path | None = None) -> None:
         """Fixes the reference policy of the KL penalty; call it when the RL phase starts (and on resume).
@@ -147,12 +136,11 @@ class Learner:
         """
         if not self.uses_reference or self.ref_params is not None:
             return
-        if self.config.rl.get("ref_checkpoint"):
+        if self.run.rl.ref_checkpoint:
             from research.models.hf_io import load_hf
 
-            self.ref_params, _ = load_hf(self.config.rl.ref_checkpoint, self.model_cfg,
-                                         shardings=self.shardings.params)
-            log.info("reference policy: HF checkpoint %s", self.config.rl.ref_checkpoint)
+            self.ref_params, _ = load_hf(self.run.rl.ref_checkpoint, self.model_cfg, shardings=self.shardings.params)
+            log.info("reference policy: HF checkpoint %s", self.run.rl.ref_checkpoint)
             return
         if directory is None:
             self.ref_params = self._snapshot()
@@ -177,37 +165,72 @@ class Learner:
         """A device copy on the same shardings (the train step donates the state's own buffers)."""
         return jax.tree.map(jnp.copy, self.state.params)
 
+    def slot_eval(self, params, dev: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{logp, entropy, values?} as [B, T] float32 (zero off the loss slots) under `params`, no gradients."""
+        with jax.set_mesh(self.mesh):
+            out = self._eval(params, self.state.critic_params, dev)
+        T = dev["tokens"].shape[1]
+        return {k: scatter_slots(np.asarray(v), dev["loss_idx"], dev["loss_valid"], T) for k, v in out.items()}
+
     def reference_logp(self, dev: dict[str, np.ndarray]) -> np.ndarray:
         """[B, T] float32 log-probs of the batch's tokens under the reference, at the loss slots (0 elsewhere)."""
         if self.ref_params is None:
             self.init_reference()  # a Learner driven without the loop: the reference is its first RL state
-        with jax.set_mesh(self.mesh):
-            out = self._eval(self.ref_params, self.state.critic_params, dev)
-        return scatter_slots(np.asarray(out["logp"]), dev["loss_idx"], dev["loss_valid"], dev["tokens"].shape[1])
+        return self.slot_eval(self.ref_params, dev)["logp"]
 
     # ------------------------------------------------------------------ steps
     def prepare(self, batch: StepBatch) -> dict[str, np.ndarray]:
-        """Reference log-probs (KL penalty on); PPO: values from a no-grad pass -> GAE on the trees -> fresh
-        node statistics + old_values."""
+        """Reference log-probs (KL penalty on); pi_old (recompute_old_logp); PPO: values from a no-grad
+        pass -> GAE on the trees -> fresh node statistics + old_values."""
         dev = dict(batch.device)
         if self.uses_reference:
             dev["ref_logp"] = self.reference_logp(batch.device)
-        if self.config.algo != "ppo":
+        need_old, ppo = self.run.rl.recompute_old_logp, self.run.algo == "ppo"
+        if not (need_old or ppo):
             return dev
-        with jax.set_mesh(self.mesh):
-            out = self._eval(self.state.params, self.state.critic_params, batch.device)
-        T = dev["tokens"].shape[1]
-        values_BxT = scatter_slots(np.asarray(out["values"]), dev["loss_idx"], dev["loss_valid"], T)
-        stats = ppo_stats_from_values(batch.trees, batch.packed, values_BxT, gamma=self.config.rl.gamma,
-                                      lam=self.config.rl.lam, aggregation=self.config.rl.aggregation)
-        for k in ("weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "old_values"):
-            dev[k] = stats[k]
+        out = self.slot_eval(self.state.params, batch.device)
+        if need_old:
+            dev["old_logp"] = out["logp"]
+        if ppo:
+            rl = self.run.rl
+            stats = ppo_stats_from_values(batch.trees, batch.packed, out["values"], gamma=rl.gamma, lam=rl.lam,
+                                          aggregation=rl.aggregation)
+            dev.update({k: stats[k] for k in PPO_FIELDS})
         return dev
 
     def train(self, batch: StepBatch, *, sft: bool = False) -> dict[str, float]:
-        dev = batch.device if sft else self.prepare(batch)
-        self.state, metrics = self._steps["sft" if sft else "rl"](self.state, dev)
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        """One SFT step, or the RL update on `batch` (epochs x minibatches optimizer steps; see module doc)."""
+        if sft:
+            self.state, metrics = self._steps["sft"](self.state, batch.device)
+            return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        dev = self.prepare(batch)
+        multi = jax.process_count() > 1  # rows span processes: host statistics come from this process's rows
+        signal = diagnostics.signal(batch.packed if multi else dev, batch.trees)
+        if self.run.train.skip_empty and self.run.algo != "ppo" and _global_sum(signal["adv_tokens"]) == 0:
+            return {**signal, "skipped": 1.0}  # (every process agrees: the sum is global)
+        old_logp = dev.get("old_logp", dev["behav_logp"])
+        runs = [jax.device_get(m) for m in self._update(dev)]
+        metrics = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+        metrics.update(signal, skipped=0.0, optimizer_steps=float(len(runs)),
+                       clip_frac_last=float(runs[-1]["clip_frac"]))
+        if self.run.train.diagnostics and not multi:
+            new = self.slot_eval(self.state.params, dev)
+            metrics.update(diagnostics.update_effect(dev, old_logp=old_logp, new_logp=new["logp"]))
+        return metrics
+
+    def _update(self, dev: dict[str, np.ndarray]):
+        """Yields the metrics of each optimizer step of the RL update (device arrays)."""
+        t = self.run.train
+        B = dev["tokens"].shape[0]
+        rng = np.random.default_rng([self.run.seed, self.step])  # row order: a function of (seed, step), resumable
+        if t.minibatches > 1:
+            dev = diagnostics.per_row_normaliser(dev)
+        for _ in range(t.epochs):
+            order = rng.permutation(B) if (t.epochs > 1 or t.minibatches > 1) else np.arange(B)
+            for rows in np.split(order, t.minibatches):
+                mb = dev if len(rows) == B and (rows == np.arange(B)).all() else {k: v[rows] for k, v in dev.items()}
+                self.state, metrics = self._steps["rl"](self.state, mb)
+                yield metrics
 
     def params_copy(self):
         """A copy of the policy params the engine may keep (the train step donates the state's buffers)."""

@@ -64,8 +64,7 @@ def load_replay_file(path: str | pathlib.Path) -> list:
 
 
 def _jax(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
-    from research.serving.jax_engine import EngineConfig, JaxEngine
-    from research.serving.qwen3_runner import Qwen3Runner
+    from research.serving.scheduler import EngineConfig
     from research.serving.serve import PRESETS, model_and_params
 
     model = arg or "tiny_moe"
@@ -74,7 +73,27 @@ def _jax(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
     cfg, params = model_and_params(model, vocab_size=tok.vocab_size if model in PRESETS else None)
     if cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"jax:{model}: model vocab {cfg.vocab_size} < tokenizer vocab {tok.vocab_size}")
-    return JaxEngine(Qwen3Runner(cfg), params, config=EngineConfig(num_slots=o.num_slots, max_len=o.max_len))
+    return jax_engine(cfg, params, EngineConfig(num_slots=o.num_slots, max_len=o.max_len))
+
+
+def jax_engine(model_cfg, params, engine_config, weight_version: int = 0) -> Engine:  # noqa: ANN001
+    """The embedded JAX engine over `params` (how every caller builds one)."""
+    from research.serving.jax_engine import JaxEngine
+    from research.serving.qwen3_runner import Qwen3Runner
+
+    return JaxEngine(Qwen3Runner(model_cfg), params, config=engine_config, weight_version=weight_version)
+
+
+def policy_engine(run, params, *, weight_version: int) -> Engine:  # noqa: ANN001
+    """The RL loop's engine for the typed run config `run` (research/rl/config.py): the JAX engine over the
+    learner's params in process (`sync.kind == "jax"`), or the SGLang server at `sync.sglang_url`, which
+    receives weights from disk."""
+    if run.sync.kind == "sglang":
+        from research.serving.sglang_client import SGLangClient
+
+        return SGLangClient(_url("sglang", run.sync.sglang_url), weight_version=weight_version,
+                            max_context=run.engine.max_len)
+    return jax_engine(run.model, params, run.engine, weight_version)
 
 
 def _sglang(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001

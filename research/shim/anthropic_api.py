@@ -7,14 +7,12 @@ One block assembler serves both the SSE stream and the JSON answer, so both carr
 
 from __future__ import annotations
 
-import uuid
-
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
-from research.shim.session import Call, ChatRequest
+from research.shim.session import Call, ChatRequest, finish_json
 
 SIGNATURE = "harness-rl-shim"  # thinking blocks must carry a signature; Claude Code sends it back verbatim
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "abort": "max_tokens"}
@@ -63,26 +61,27 @@ def _assistant_blocks(content: list, where: str) -> Message:
     return Message("assistant", "".join(texts), "".join(thoughts) if thoughts else None, calls)
 
 
-def parse_messages(raw: list) -> list[Message]:
-    out = []
-    for i, m in enumerate(raw):
-        w = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(w, "must be an object")
-        role = field(m, "role", str, w, required=True)
-        content = m.get("content", "")
-        if role not in ("user", "assistant", "system"):
-            raise BadRequest(f"{w}.role", f"unknown role {role!r}")
-        if isinstance(content, str):
-            out.append(Message(role, content))
-        elif not isinstance(content, list):
-            raise BadRequest(f"{w}.content", "must be a string or an array of content blocks")
-        elif role == "assistant":
-            out.append(_assistant_blocks(content, f"{w}.content"))
-        else:
-            out += _user_blocks(content, f"{w}.content") if role == "user" else [
-                Message("system", text_of(content, f"{w}.content"))]
-    return out
+def _message(m, i: int, out: list[Message], _open: None) -> None:
+    w = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise BadRequest(w, "must be an object")
+    role = field(m, "role", str, w, required=True)
+    content = m.get("content", "")
+    if role not in ("user", "assistant", "system"):
+        raise BadRequest(f"{w}.role", f"unknown role {role!r}")
+    if isinstance(content, str):
+        out.append(Message(role, content))
+    elif not isinstance(content, list):
+        raise BadRequest(f"{w}.content", "must be a string or an array of content blocks")
+    elif role == "assistant":
+        out.append(_assistant_blocks(content, f"{w}.content"))
+    else:
+        out += _user_blocks(content, f"{w}.content") if role == "user" else [
+            Message("system", text_of(content, f"{w}.content"))]
+
+
+def parse_messages(raw: list, cache: RequestCache | None = None) -> list[Message]:
+    return (cache or RequestCache()).parse(raw, _message, "messages")
 
 
 def parse_tools(body: dict) -> list[dict]:
@@ -100,21 +99,24 @@ def parse_tools(body: dict) -> list[dict]:
     return out
 
 
-def parse_request(body: dict, *, count_only: bool = False) -> ChatRequest:
+def parse_request(body: dict, cache: RequestCache | None = None, *, count_only: bool = False) -> ChatRequest:
+    """`cache`: the session's RequestCache for this API (history already parsed last call)."""
     msgs = field(body, "messages", list, "", required=True)
     if not msgs and not count_only:
         raise BadRequest("messages", "must not be empty")
     system = body.get("system")
-    messages = parse_messages(msgs)
+    cache = cache or RequestCache()
+    messages = parse_messages(msgs, cache)
     if system:
-        messages.insert(0, Message("system", text_of(system, "system")))
+        messages.insert(0, cache.single("system", system, lambda: Message("system", text_of(system, "system"))))
     max_tokens = field(body, "max_tokens", int, "")
     if max_tokens is not None and max_tokens < 1 and not count_only:
         raise BadRequest("max_tokens", "must be >= 1")
     thinking = field(body, "thinking", dict, "", default={})
     tool_choice = field(body, "tool_choice", dict, "", default={})
     return ChatRequest(
-        messages=messages, tools=parse_tools(body), model=field(body, "model", str, "", default="policy"),
+        messages=messages, tools=cached_tools(body, cache, parse_tools),
+        model=field(body, "model", str, "", default="policy"),
         stream=bool(field(body, "stream", bool, "", default=False)), max_tokens=max_tokens,
         temperature=field(body, "temperature", float, ""), top_p=field(body, "top_p", float, ""),
         top_k=field(body, "top_k", int, ""),
@@ -142,7 +144,7 @@ class _Blocks:
     def add(self, ev: Delta | ParsedToolCall) -> list[tuple[str, dict]]:
         if isinstance(ev, ParsedToolCall):
             evs = self._close()
-            block = {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": ev.name, "input": {}}
+            block = {"type": "tool_use", "id": f"toolu_{new_id(24)}", "name": ev.name, "input": {}}
             i = len(self.blocks)
             self.blocks.append({**block, "input": ev.arguments})
             return evs + [("content_block_start", {"type": "content_block_start", "index": i, "content_block": block}),
@@ -178,17 +180,16 @@ def _usage(call: Call, output_tokens: int) -> dict:
 
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
-    mid, blocks = f"msg_{uuid.uuid4().hex[:24]}", _Blocks()
+    mid, blocks = f"msg_{new_id(24)}", _Blocks()
     message = {"id": mid, "type": "message", "role": "assistant", "model": call.req.model, "content": [],
                "stop_reason": None, "stop_sequence": None, "usage": _usage(call, 0)}
     if not call.req.stream:
         async for ev in call.events():
             blocks.add(ev)
         blocks.finish()
-        await call.finish()
         message.update(content=blocks.blocks, stop_reason=STOP_REASONS[call.finish_reason],
                        usage=_usage(call, len(call.completion_ids)))
-        return web.json_response(message, dumps=json_dumps)
+        return await finish_json(call, message)
     sse = call.sse = await SSE.open(request)
     await sse.send({"type": "message_start", "message": message}, event="message_start")
     await sse.send({"type": "ping"}, event="ping")

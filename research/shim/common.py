@@ -3,9 +3,14 @@ and the provider-specific error bodies (OpenAI vs Anthropic shapes)."""
 
 from __future__ import annotations
 
-import json
+import bisect
+import math
+import os
+import random
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 
@@ -24,12 +29,14 @@ _TYPES = {dict: "an object", list: "an array", str: "a string", int: "an integer
 def field(obj: dict, key: str, typ: type | tuple[type, ...], where: str, *, required: bool = False,
           default: Any = None) -> Any:
     """obj[key] checked against typ; `where` is the path of obj for the error message."""
+    v = obj.get(key)
+    if type(v) is typ:  # the common case, checked first (this runs for every field of every message)
+        return v
     path = f"{where}.{key}" if where else key
-    if key not in obj or obj[key] is None:
+    if v is None:
         if required:
             raise BadRequest(path, "required field missing")
         return default
-    v = obj[key]
     types = typ if isinstance(typ, tuple) else (typ,)
     ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
     if float in types and isinstance(v, int) and not isinstance(v, bool):
@@ -40,41 +47,220 @@ def field(obj: dict, key: str, typ: type | tuple[type, ...], where: str, *, requ
     return v
 
 
+_IDS = random.Random(int.from_bytes(os.urandom(16), "big"))  # seeded once from the OS, then no syscalls
+
+
+def new_id(n: int = 24) -> str:
+    """`n` random hex digits for response / item / call ids (uuid4 reads /dev/urandom every time)."""
+    return f"{_IDS.getrandbits(4 * n):0{n}x}"
+
+
+class RequestCache:
+    """A session's previous request, parsed (one per API). Agent loops resend their whole history
+    on every call: the leading items equal to last time's (one C-level compare each) are not parsed
+    again and keep their Message objects, which lets the renderer reuse their segments too.
+
+    `parse(raw, step, where)`: `step(item, index, out, open_turn) -> open_turn` appends the item's
+    messages to `out`; parsing resumes only after an item that left no turn open (Responses folds
+    several items into one assistant turn). New items are checked for nesting depth here (the body
+    check skips the history, see `parse_json_body`), so a long history is walked once, not per call."""
+
+    def __init__(self):
+        self.raw: list = []
+        self.out: list = []
+        self.marks: list[tuple[int, int]] = [(0, 0)]  # (items parsed, messages out) with no open turn
+        self.singles: dict[str, tuple[Any, Any]] = {}
+
+    def parse(self, raw: list, step: Callable[[Any, int, list, Any], Any], where: str) -> list:
+        k, n = 0, min(len(raw), len(self.raw))
+        while k < n and raw[k] == self.raw[k]:  # cached items are shallow: the compare recursion is bounded
+            k += 1
+        for i in range(k, len(raw)):
+            if json_depth(raw[i], MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 2:  # the item sits 2 levels down
+                raise BadRequest(f"{where}[{i}]", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        j = bisect.bisect_right(self.marks, (k, 1 << 62)) - 1
+        start, n_out = self.marks[j]
+        marks, out, cur = self.marks[:j + 1], self.out[:n_out], None
+        for i in range(start, len(raw)):
+            cur = step(raw[i], i, out, cur)
+            if cur is None:
+                marks.append((i + 1, len(out)))
+        self.raw, self.out, self.marks = raw, out, marks
+        return list(out)
+
+    def single(self, name: str, raw: Any, make: Callable[[], Any]) -> Any:
+        """`make()`, or what it returned last time for an equal `raw` (e.g. the system prompt)."""
+        hit = self.singles.get(name)
+        if hit is not None and hit[0] == raw:
+            return hit[1]
+        value = make()
+        self.singles[name] = (raw, value)
+        return value
+
+
+def cached_tools(body: dict, cache: RequestCache | None, parse: Callable[[dict], Any]) -> Any:
+    """`parse(body)` for the body's tools, reused while the client resends the same tools (an agent
+    sends all of them, schemas included, on every call); depth-checked when new (the body check
+    skips them, see `parse_json_body`)."""
+    raw = body.get("tools")
+
+    def make():
+        if type(raw) is list and json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
+            raise BadRequest("tools", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return parse(body)
+
+    return (cache or RequestCache()).single("tools", raw, make)
+
+
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seed
+TOP_K_MAX = (1 << 31) - 1  # engines hold top_k in int32
+
+
+def sampling_problem(name: str, value: Any, *, max_temperature: float = 2.0) -> str | None:
+    """Why `value` is not a sampling value every engine can take, or None.
+
+    Checked once at the shim for every engine: the replay engine takes anything, the JAX engine
+    raised a 500 on top_p 0 and sampled garbage at NaN temperature, SGLang rejects top_k < -1."""
+    if value is None:
+        return None
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if name in ("temperature", "top_p"):
+        if not (is_int or isinstance(value, float)) or not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+        if name == "temperature" and not 0 <= value <= max_temperature:
+            return f"must be between 0 and {max_temperature:g}, got {value!r}"
+        if name == "top_p" and not 0 < value <= 1:
+            return f"must be greater than 0 and at most 1, got {value!r}"
+    elif name == "top_k":
+        if not is_int or not -1 <= value <= TOP_K_MAX:
+            return f"must be an integer from -1 (or 0: no top-k) to {TOP_K_MAX}, got {value!r}"
+    elif name == "seed":
+        if not is_int or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+            return f"must be a 64-bit signed integer, got {value!r}"
+    return None
+
+
+def check_sampling(req: Any, *, max_temperature: float = 2.0) -> None:
+    """Raises BadRequest naming the first sampling field of the request no engine should get."""
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        why = sampling_problem(name, getattr(req, name), max_temperature=max_temperature)
+        if why:
+            raise BadRequest(name, why)
+
+
+MAX_JSON_DEPTH = 128  # nesting of a request body (real harness requests stay under ~20; JSON Schema included)
+
+
+class BodyTooLarge(BadRequest):
+    """413: the body is over the shim's limit (read up to the limit, never buffered whole)."""
+
+    def __init__(self, message: str):
+        super().__init__("body", message)
+
+
 def json_dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact UTF-8 JSON of a response object (orjson; every value came from orjson or the parser)."""
+    return orjson.dumps(obj).decode()
 
 
-async def parse_json_body(request: web.Request, max_bytes: int) -> dict:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise BadRequest("body", f"request body of {request.content_length} bytes exceeds {max_bytes}")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise BadRequest("body", f"request body exceeds {max_bytes} bytes")
+def json_depth(obj: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value (0 for a scalar), level by level without recursion;
+    stops early once over `limit`. ~0.1 ms for a 40-turn agent request."""
+    if type(obj) is not dict and type(obj) is not list:
+        return 0
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        nxt = []
+        for v in level:
+            for c in (v.values() if type(v) is dict else v):
+                t = type(c)
+                if t is dict or t is list:
+                    nxt.append(c)
+        level = nxt
+    return depth
+
+
+def loads_checked(raw: bytes | bytearray | str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
+    """Strict JSON: valid UTF-8, no lone surrogates (not even as \\u escapes), no NaN/Infinity, and
+    at most `max_depth` levels (the stdlib parser and every later `json.dumps` would otherwise hit
+    Python's recursion limit on deep input). Raises ValueError with the reason."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest("body", f"not valid JSON: {e}") from e
+        v = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if "UTF-8" in str(e) and not isinstance(raw, str):
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as u:
+                raise ValueError(f"not valid UTF-8: byte {u.start} ({bytes(raw[u.start:u.start + 1])!r})") from None
+        raise ValueError(f"not valid JSON: {e}") from None
+    if max_depth is not None and json_depth(v, max_depth) > max_depth:
+        raise ValueError(f"JSON nested deeper than {max_depth} levels")
+    return v
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytearray:
+    """The whole request body, up to `max_bytes` (Content-Length checked first; chunked bodies are
+    counted as they arrive, after any Content-Encoding is undone)."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {max_bytes} bytes")
+    buf = bytearray()
+    while chunk := await request.content.readany():
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise BodyTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+    return buf
+
+
+async def parse_json_body(request: web.Request, max_bytes: int, *, history: str | None = None) -> dict:
+    """The body as a JSON object, strict and depth-checked (see `loads_checked`) except for the lists
+    under `history` ("messages" / "input") and "tools": an agent resends them on every call, so they
+    are depth-checked when first seen (`RequestCache.parse`, `cached_tools`)."""
+    raw = await read_body(request, max_bytes)
+    try:
+        body = loads_checked(raw, max_depth=None)
+    except ValueError as e:
+        raise BadRequest("body", str(e)) from None
     if not isinstance(body, dict):
         raise BadRequest("body", f"must be a JSON object, got {type(body).__name__}")
+    for key, value in body.items():
+        if type(value) is dict or (type(value) is list and key != history and key != "tools"):
+            if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
+                raise BadRequest("body", f"JSON nested deeper than {MAX_JSON_DEPTH} levels (in {key!r})")
     return body
+
+
+def json_response(obj: Any, *, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, headers=headers, content_type="application/json")
+
+
+def safe_text(text: str) -> str:
+    """Error messages quote client input; a lone surrogate there must not break the error itself."""
+    return text.encode("utf-8", "replace").decode() if text else text
 
 
 def openai_error(status: int, message: str, etype: str, *, code: str | None = None, param: str | None = None,
                  headers: dict | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": etype, "param": param, "code": code}}
-    return web.json_response(body, status=status, headers=headers, dumps=json_dumps)
+    body = {"error": {"message": safe_text(message), "type": etype, "param": param and safe_text(param), "code": code}}
+    return json_response(body, status=status, headers=headers)
 
 
 def anthropic_error(status: int, message: str, etype: str, *, headers: dict | None = None) -> web.Response:
-    body = {"type": "error", "error": {"type": etype, "message": message}}
-    return web.json_response(body, status=status, headers=headers, dumps=json_dumps)
+    body = {"type": "error", "error": {"type": etype, "message": safe_text(message)}}
+    return json_response(body, status=status, headers=headers)
 
 
 class SSE:
-    """A started text/event-stream response; `send` raises ConnectionResetError when the client left."""
+    """A started text/event-stream response. `send` queues an event; `flush` writes every queued
+    event in one go (the call flushes before each wait on the engine, so a client sees tokens as
+    they come, in one write per engine chunk instead of one per event) and raises
+    ConnectionResetError when the client left."""
 
     def __init__(self, resp: web.StreamResponse):
         self.resp = resp
+        self._queued: list[bytes] = []
 
     @classmethod
     async def open(cls, request: web.Request) -> SSE:
@@ -84,11 +270,18 @@ class SSE:
         return cls(resp)
 
     async def send(self, data: Any, event: str | None = None) -> None:
-        payload = data if isinstance(data, str) else json_dumps(data)
-        msg = (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
-        await self.resp.write(msg.encode())
+        payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+        head = f"event: {event}\ndata: ".encode() if event else b"data: "
+        self._queued.append(head + payload + b"\n\n")
+
+    async def flush(self) -> None:
+        if self._queued:
+            data = b"".join(self._queued)
+            self._queued.clear()
+            await self.resp.write(data)
 
     async def close(self) -> None:
+        await self.flush()
         await self.resp.write_eof()
 
 

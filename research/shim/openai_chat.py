@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
-from research.shim.session import Call, ChatRequest
+from research.shim.session import Call, ChatRequest, finish_json
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool"}
@@ -44,21 +43,22 @@ def _assistant(m: dict, where: str) -> Message:
     return Message("assistant", text_of(m.get("content"), f"{where}.content"), reasoning, calls)
 
 
-def parse_messages(raw: list, where: str = "messages") -> list[Message]:
-    out = []
-    for i, m in enumerate(raw):
-        w = f"{where}[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(w, "must be an object")
-        role = ROLES.get(field(m, "role", str, w, required=True))
-        if role is None:
-            raise BadRequest(f"{w}.role", f"unknown role {m['role']!r}")
-        if role == "assistant":
-            out.append(_assistant(m, w))
-        else:
-            out.append(Message(role, text_of(m.get("content"), f"{w}.content"),
-                               tool_call_id=m.get("tool_call_id") if role == "tool" else None))
-    return out
+def _message(m, i: int, out: list[Message], _open: None) -> None:
+    w = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise BadRequest(w, "must be an object")
+    role = ROLES.get(field(m, "role", str, w, required=True))
+    if role is None:
+        raise BadRequest(f"{w}.role", f"unknown role {m['role']!r}")
+    if role == "assistant":
+        out.append(_assistant(m, w))
+    else:
+        out.append(Message(role, text_of(m.get("content"), f"{w}.content"),
+                           tool_call_id=m.get("tool_call_id") if role == "tool" else None))
+
+
+def parse_messages(raw: list, cache: RequestCache | None = None) -> list[Message]:
+    return (cache or RequestCache()).parse(raw, _message, "messages")
 
 
 def thinking_switch(body: dict) -> bool | None:
@@ -69,7 +69,8 @@ def thinking_switch(body: dict) -> bool | None:
     return False if effort in ("none", "minimal") else None
 
 
-def parse_request(body: dict) -> ChatRequest:
+def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
+    """`cache`: the session's RequestCache for this API (history already parsed last call)."""
     msgs = field(body, "messages", list, "", required=True)
     if not msgs:
         raise BadRequest("messages", "must not be empty")
@@ -80,7 +81,8 @@ def parse_request(body: dict) -> ChatRequest:
         raise BadRequest("max_tokens", "must be >= 1")
     tool_choice = body.get("tool_choice", "auto")
     return ChatRequest(
-        messages=parse_messages(msgs), tools=parse_tools(body), model=field(body, "model", str, "", default="policy"),
+        messages=parse_messages(msgs, cache), tools=cached_tools(body, cache, parse_tools),
+        model=field(body, "model", str, "", default="policy"),
         stream=bool(field(body, "stream", bool, "", default=False)), max_tokens=max_tokens,
         temperature=field(body, "temperature", float, ""), top_p=field(body, "top_p", float, ""),
         top_k=field(body, "top_k", int, ""), seed=field(body, "seed", int, ""),
@@ -106,19 +108,18 @@ def _usage(call: Call) -> dict:
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
     """Runs a started call and writes the OpenAI answer (JSON or SSE chunks)."""
-    cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), call.req.model
+    cid, created, model = f"chatcmpl-{new_id(32)}", int(time.time()), call.req.model
     if not call.req.stream:
         out = await call.generate_all()
-        await call.finish()
         msg = {"role": "assistant", "content": out.content or (None if out.tool_calls else "")}
         if out.reasoning is not None:
             msg["reasoning_content"] = out.reasoning
         if out.tool_calls:
-            msg["tool_calls"] = [_tool_call_json(c, f"call_{uuid.uuid4().hex[:24]}") for c in out.tool_calls]
+            msg["tool_calls"] = [_tool_call_json(c, f"call_{new_id(24)}") for c in out.tool_calls]
         body = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call), "logprobs": None}],
                 "usage": _usage(call)}
-        return web.json_response(body, dumps=json_dumps)
+        return await finish_json(call, body)
 
     sse = call.sse = await SSE.open(request)
 
@@ -132,7 +133,7 @@ async def respond(call: Call, request: web.Request) -> web.StreamResponse:
         if isinstance(ev, Delta):
             await sse.send(chunk({"content": ev.text} if ev.kind == "text" else {"reasoning_content": ev.text}))
         else:
-            await sse.send(chunk({"tool_calls": [_tool_call_json(ev, f"call_{uuid.uuid4().hex[:24]}", n_calls)]}))
+            await sse.send(chunk({"tool_calls": [_tool_call_json(ev, f"call_{new_id(24)}", n_calls)]}))
             n_calls += 1
     await call.finish()
     await sse.send(chunk({}, _finish(call)))

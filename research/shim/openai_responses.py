@@ -12,14 +12,13 @@ response.completed (after the call is captured).
 from __future__ import annotations
 
 import time
-import uuid
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, field, json_dumps, text_of
+from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
-from research.shim.session import Call, ChatRequest
+from research.shim.session import Call, ChatRequest, finish_json
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string", "description": "the raw tool input"}},
@@ -27,53 +26,56 @@ CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string", "d
 TEXT_KINDS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
-def _fold_items(items: list) -> list[Message]:
-    out: list[Message] = []
-    cur: Message | None = None
-    for i, it in enumerate(items):
-        w = f"input[{i}]"
-        if not isinstance(it, dict):
-            raise BadRequest(w, "must be an object")
-        kind = it.get("type", "message" if "role" in it else None)
-        if kind == "message":
-            role = ROLES.get(field(it, "role", str, w, required=True))
-            if role is None:
-                raise BadRequest(f"{w}.role", f"unknown role {it['role']!r}")
-            text = text_of(it.get("content"), f"{w}.content", kinds=TEXT_KINDS)
-            if role == "assistant":
-                if cur is None or cur.tool_calls:
-                    cur = Message("assistant")
-                    out.append(cur)
-                cur.content += text
-                continue
-            out.append(Message(role, text))
-        elif kind == "reasoning":
-            parts = it.get("content") or it.get("summary") or []
-            if not isinstance(parts, list):
-                raise BadRequest(f"{w}.content", "must be an array of reasoning parts")
-            text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
-            if cur is None or cur.content or cur.tool_calls:
+def _fold_item(it, i: int, out: list[Message], cur: Message | None) -> Message | None:
+    """One input item into `out`; returns the assistant turn still open (later reasoning / message /
+    call items of the same turn extend it) or None."""
+    w = f"input[{i}]"
+    if not isinstance(it, dict):
+        raise BadRequest(w, "must be an object")
+    kind = it.get("type", "message" if "role" in it else None)
+    if kind == "message":
+        role = ROLES.get(field(it, "role", str, w, required=True))
+        if role is None:
+            raise BadRequest(f"{w}.role", f"unknown role {it['role']!r}")
+        text = text_of(it.get("content"), f"{w}.content", kinds=TEXT_KINDS)
+        if role == "assistant":
+            if cur is None or cur.tool_calls:
                 cur = Message("assistant")
                 out.append(cur)
-            cur.reasoning = (cur.reasoning or "") + text
-            continue
-        elif kind in ("function_call", "custom_tool_call"):
-            if cur is None:
-                cur = Message("assistant")
-                out.append(cur)
-            args = field(it, "arguments", str, w, default="{}") if kind == "function_call" else {
-                "input": field(it, "input", str, w, default="")}
-            cur.tool_calls.append(ToolCall(field(it, "call_id", str, w, default=""),
-                                           field(it, "name", str, w, required=True), args))
-            continue
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            output = it.get("output", "")
-            out.append(Message("tool", output if isinstance(output, str) else text_of(output, f"{w}.output",
-                                                                                      kinds=TEXT_KINDS),
-                               tool_call_id=it.get("call_id")))
-        # other item kinds (web_search_call, item_reference, ...) carry nothing the policy generated
-        cur = None
-    return out
+            cur.content += text
+            return cur
+        out.append(Message(role, text))
+    elif kind == "reasoning":
+        parts = it.get("content") or it.get("summary") or []
+        if not isinstance(parts, list):
+            raise BadRequest(f"{w}.content", "must be an array of reasoning parts")
+        text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if cur is None or cur.content or cur.tool_calls:
+            cur = Message("assistant")
+            out.append(cur)
+        cur.reasoning = (cur.reasoning or "") + text
+        return cur
+    elif kind in ("function_call", "custom_tool_call"):
+        if cur is None:
+            cur = Message("assistant")
+            out.append(cur)
+        args = field(it, "arguments", str, w, default="{}") if kind == "function_call" else {
+            "input": field(it, "input", str, w, default="")}
+        cur.tool_calls.append(ToolCall(field(it, "call_id", str, w, default=""),
+                                       field(it, "name", str, w, required=True), args))
+        return cur
+    elif kind in ("function_call_output", "custom_tool_call_output"):
+        output = it.get("output", "")
+        out.append(Message("tool", output if isinstance(output, str) else text_of(output, f"{w}.output",
+                                                                                  kinds=TEXT_KINDS),
+                           tool_call_id=it.get("call_id")))
+    # other item kinds (web_search_call, item_reference, ...) carry nothing the policy generated
+    return None
+
+
+def _fold_items(items: list, cache: RequestCache | None = None) -> list[Message]:
+    """Input items -> chat turns (consecutive reasoning / message / call items are one assistant turn)."""
+    return (cache or RequestCache()).parse(items, _fold_item, "input")
 
 
 def parse_tools(body: dict) -> tuple[list[dict], set[str]]:
@@ -96,22 +98,24 @@ def parse_tools(body: dict) -> tuple[list[dict], set[str]]:
     return out, custom
 
 
-def parse_request(body: dict) -> ChatRequest:
+def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
+    """`cache`: the session's RequestCache for this API (history already parsed last call)."""
     raw = body.get("input")
+    cache = cache or RequestCache()
     if raw is None:
         raise BadRequest("input", "required field missing")
     if isinstance(raw, str):
-        messages = [Message("user", raw)]
+        messages = [cache.single("input", raw, lambda: Message("user", raw))]
     elif isinstance(raw, list):
-        messages = _fold_items(raw)
+        messages = _fold_items(raw, cache)
     else:
         raise BadRequest("input", f"must be a string or an array of items, got {type(raw).__name__}")
     instructions = field(body, "instructions", str, "")
     if instructions:
-        messages.insert(0, Message("system", instructions))
+        messages.insert(0, cache.single("instructions", instructions, lambda: Message("system", instructions)))
     if not messages:
         raise BadRequest("input", "must not be empty")
-    tools, custom = parse_tools(body)
+    tools, custom = cached_tools(body, cache, parse_tools)
     reasoning = field(body, "reasoning", dict, "", default={})
     tool_choice = body.get("tool_choice", "auto")
     max_tokens = field(body, "max_output_tokens", int, "")
@@ -153,11 +157,11 @@ class _Items:
         return evs + [{"type": "response.output_item.done", "output_index": idx, "item": it}]
 
     def _tool(self, ev: ParsedToolCall) -> list[dict]:
-        evs, idx, cid = self._close(), len(self.items), f"call_{uuid.uuid4().hex[:24]}"
+        evs, idx, cid = self._close(), len(self.items), f"call_{new_id(24)}"
         if ev.name in self.custom:
             inp = ev.arguments.get("input")
             inp = inp if isinstance(inp, str) else json_dumps(ev.arguments)
-            item = {"type": "custom_tool_call", "id": f"ctc_{uuid.uuid4().hex[:24]}", "call_id": cid,
+            item = {"type": "custom_tool_call", "id": f"ctc_{new_id(24)}", "call_id": cid,
                     "name": ev.name, "input": inp, "status": "completed"}
             self.items.append(item)
             return evs + [
@@ -168,7 +172,7 @@ class _Items:
                  "input": inp},
                 {"type": "response.output_item.done", "output_index": idx, "item": item}]
         args = json_dumps(ev.arguments)
-        item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": cid, "name": ev.name,
+        item = {"type": "function_call", "id": f"fc_{new_id(24)}", "call_id": cid, "name": ev.name,
                 "arguments": args, "status": "completed"}
         self.items.append(item)
         return evs + [
@@ -189,12 +193,12 @@ class _Items:
             evs = self._close()
             idx = len(self.items)
             if kind == "reasoning":
-                item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex[:24]}", "summary": [],
+                item = {"type": "reasoning", "id": f"rs_{new_id(24)}", "summary": [],
                         "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
                 evs.append({"type": "response.output_item.added", "output_index": idx,
                             "item": {**item, "content": []}})
             else:
-                item = {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "in_progress",
+                item = {"type": "message", "id": f"msg_{new_id(24)}", "status": "in_progress",
                         "role": "assistant", "content": [{"type": "output_text", "text": "", "annotations": []}]}
                 evs += [{"type": "response.output_item.added", "output_index": idx, "item": {**item, "content": []}},
                         {"type": "response.content_part.added", "item_id": item["id"], "output_index": idx,
@@ -228,15 +232,14 @@ def _response(call: Call, rid: str, created: int, status: str, output: list[dict
 
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
-    rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
+    rid, created = f"resp_{new_id(32)}", int(time.time())
     items = _Items(set(call.req.meta.get("custom_tools", ())))
     if not call.req.stream:
         async for ev in call.events():
             items.add(ev)
         items.finish()
-        await call.finish()
         status = "incomplete" if call.finish_reason in ("length", "abort") else "completed"
-        return web.json_response(_response(call, rid, created, status, items.items), dumps=json_dumps)
+        return await finish_json(call, _response(call, rid, created, status, items.items))
     sse = call.sse = await SSE.open(request)
     seq = 0
 

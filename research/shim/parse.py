@@ -13,9 +13,10 @@ error: a bad tool call is the policy's mistake and must reach the harness and th
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 
 from research.models.tokenizer import Tokenizer
+from research.shim.common import loads_checked
 
 
 @dataclasses.dataclass
@@ -64,15 +65,21 @@ class _RegionDecoder:
         return out
 
 
+@functools.lru_cache(maxsize=16)
+def special_ids(tok: Tokenizer) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """(<think>, </think>, <tool_call>, </tool_call>, stop ids), looked up once per tokenizer."""
+    return (tok.token_to_id("<think>"), tok.token_to_id("</think>"), tok.token_to_id("<tool_call>"),
+            tok.token_to_id("</tool_call>"), tuple(tok.stop_token_ids))
+
+
 class OutputParser:
     """Feed completion ids as they arrive; get Delta / ParsedToolCall events."""
 
     def __init__(self, tok: Tokenizer, *, parse_tools: bool = True):
         self.tok = tok
         self.parse_tools = parse_tools
-        self.think_open, self.think_close = tok.token_to_id("<think>"), tok.token_to_id("</think>")
-        self.tool_open, self.tool_close = tok.token_to_id("<tool_call>"), tok.token_to_id("</tool_call>")
-        self.stop_ids = set(tok.stop_token_ids)
+        self.think_open, self.think_close, self.tool_open, self.tool_close, stops = special_ids(tok)
+        self.stop_ids = frozenset(stops)
         self.mode = "text"
         self.region = _RegionDecoder(tok)
         self.tool_ids: list[int] = []
@@ -134,18 +141,17 @@ class OutputParser:
 
 
 def parse_tool_json(raw: str) -> ParsedToolCall | None:
+    """A tool call the harness can take, or None (then it stays text). Strict JSON: arguments the
+    shim could not send back (lone surrogates, NaN, nesting beyond MAX_JSON_DEPTH) are not a call."""
     try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+        obj = loads_checked(raw)
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return None
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            args = loads_checked(args)
+    except ValueError:
+        return None
     if not isinstance(args, dict):
         return None
     return ParsedToolCall(obj["name"], args, raw)

@@ -11,6 +11,7 @@ Serves TCP and, when asked, a Unix socket (how a sandboxed harness reaches it).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import hmac
@@ -18,6 +19,7 @@ import logging
 import os
 import re
 import secrets
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -27,12 +29,23 @@ from research.capture import CallRecord, CaptureLog
 from research.models.tokenizer import Tokenizer
 from research.serving.api import ContextLengthExceeded, Engine, EngineError, EngineUnavailable
 from research.shim import anthropic_api, openai_chat, openai_responses
-from research.shim.common import BadRequest, anthropic_error, json_dumps, openai_error, parse_json_body
+from research.shim.common import (
+    BadRequest,
+    BodyTooLarge,
+    RequestCache,
+    anthropic_error,
+    check_sampling,
+    json_response,
+    openai_error,
+    parse_json_body,
+    safe_text,
+)
 from research.shim.session import Call, ChatRequest, Session, ShimOptions
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
+FORGET_CLOSED = 1 << 16  # closed / expired session ids remembered (a late call gets "closed", not "unknown")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,52 +59,102 @@ class SessionInfo:
 class _Api:
     name: str  # CallRecord.api
     provider: str  # openai | anthropic (error shapes)
-    parse: Callable[[dict], ChatRequest]
+    parse: Callable[[dict, RequestCache], ChatRequest]
     respond: Callable[[Call, web.Request], Awaitable[web.StreamResponse]]
     stream_error: Callable[[Call, str, str], Awaitable[None]]
+    max_temperature: float = 2.0
+    history: str = "messages"  # the body field that resends the conversation (see RequestCache)
 
 
 APIS = {
     "chat/completions": _Api("openai_chat", "openai", openai_chat.parse_request, openai_chat.respond,
                              openai_chat.stream_error),
     "responses": _Api("openai_responses", "openai", openai_responses.parse_request, openai_responses.respond,
-                      openai_responses.stream_error),
+                      openai_responses.stream_error, history="input"),
     "messages": _Api("anthropic_messages", "anthropic", anthropic_api.parse_request, anthropic_api.respond,
-                     anthropic_api.stream_error),
+                     anthropic_api.stream_error, max_temperature=1.0),
 }
 
 
 def error_response(provider: str, status: int, message: str, kind: str, *, param: str | None = None,
                    code: str | None = None, headers: dict | None = None) -> web.Response:
-    """kind: invalid_request | auth | overloaded | server (mapped onto each provider's vocabulary)."""
+    """kind: invalid_request | auth | not_found | too_large | overloaded | server (each provider's vocabulary)."""
     if provider == "anthropic":
         etype = {"invalid_request": "invalid_request_error", "auth": "authentication_error",
-                 "overloaded": "overloaded_error", "server": "api_error", "not_found": "not_found_error"}[kind]
+                 "overloaded": "overloaded_error", "server": "api_error", "not_found": "not_found_error",
+                 "too_large": "request_too_large"}[kind]
         return anthropic_error(status, message, etype, headers=headers)
     etype = {"invalid_request": "invalid_request_error", "auth": "invalid_request_error",
-             "overloaded": "server_error", "server": "server_error", "not_found": "invalid_request_error"}[kind]
-    code = code or {"auth": "invalid_api_key"}.get(kind)
+             "overloaded": "server_error", "server": "server_error", "not_found": "invalid_request_error",
+             "too_large": "invalid_request_error"}[kind]
+    code = code or {"auth": "invalid_api_key", "not_found": "unknown_url", "too_large": "request_too_large"}.get(kind)
     return openai_error(status, message, etype, code=code, param=param, headers=headers)
 
 
+def guess_provider(request: web.Request) -> str:
+    """Whose error shape a request outside the known routes gets: Anthropic clients send
+    `anthropic-version` / `x-api-key` and call `.../messages`; everyone else gets OpenAI's."""
+    h = request.headers
+    if "anthropic-version" in h or "x-api-key" in h or "/messages" in request.path:
+        return "anthropic"
+    return "openai"
+
+
+_HTTP_KINDS = {401: "auth", 403: "auth", 404: "not_found", 413: "too_large"}
+
+
+@web.middleware
+async def shaped_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every error leaves in a provider's JSON shape: aiohttp's own 404/405/413 (plain text) and any
+    exception a handler let through (a bug) become shaped 4xx/500s; the server stays up."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        msg = f"{e.reason}: {request.method} {request.path}"
+        if e.status == 405:
+            msg = f"method {request.method} not allowed on {request.path}"
+        elif e.status == 404:
+            msg = f"unknown path: {request.method} {request.path}"
+        hdr = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+        return error_response(guess_provider(request), e.status, msg, _HTTP_KINDS.get(e.status, "invalid_request"),
+                              headers=hdr)
+    except Exception as e:  # noqa: BLE001 - a bug must not leave as a plain-text 500
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(guess_provider(request), 500, f"internal error: {type(e).__name__}", "server")
+
+
 class ShimServer:
+    """The shim. Enforced mode (default): only sessions from `open_session`, each with its key, until
+    `close_session`. Open mode: any caller; sessions keyed by the harness's session header (or the
+    `/s/{id}` path) are made on first use and expire like a gateway's: after `open_idle_s` without a
+    call, beyond `open_max_sessions` (least recently used first, never one with a call in flight),
+    or on `close_session` / `DELETE /s/{id}`. A session seen again after expiring starts a fresh
+    render cache but keeps counting its calls, so (session_id, call_index) stays unique in the log."""
+
     def __init__(self, engine: Engine, tokenizer: Tokenizer, capture_log: CaptureLog, *, enforce_sessions: bool = True,
                  host: str = "127.0.0.1", port: int = 0, unix_socket: str | None = None,
-                 options: ShimOptions | None = None, max_body_bytes: int = 32 << 20):
+                 options: ShimOptions | None = None, max_body_bytes: int = 32 << 20, open_max_sessions: int = 256,
+                 open_idle_s: float = 3600.0):
         self.engine, self.tok, self.capture = engine, tokenizer, capture_log
         self.enforce_sessions = enforce_sessions
         self.host, self.port, self.unix_socket = host, port, unix_socket
         self.options = options or ShimOptions()
         self.max_body_bytes = max_body_bytes
+        self.open_max_sessions, self.open_idle_s = open_max_sessions, open_idle_s
         self.sessions: dict[str, Session] = {}
-        self._closed: set[str] = set()
+        self._open_lru: collections.OrderedDict[str, None] = collections.OrderedDict()  # open-mode sessions
+        self._closed: collections.OrderedDict[str, int] = collections.OrderedDict()  # sid -> calls it made
         self._runner: web.AppRunner | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[shaped_errors])
         app.router.add_get("/s/{sid}", self._root)
+        if not self.enforce_sessions:
+            app.router.add_delete("/s/{sid}", self._delete_session)
         for prefix in ("", "/s/{sid}"):
             app.router.add_get(prefix + "/", self._root)  # GET and HEAD (harness liveness probes)
             for v in ("/v1", ""):
@@ -114,8 +177,10 @@ class ShimServer:
             await web.UnixSite(self._runner, self.unix_socket).start()
 
     async def stop(self) -> None:
+        """Aborts in-flight calls (each recorded first), then closes the listeners."""
         for sid in list(self.sessions):
-            await self._cancel_inflight(self.sessions[sid])
+            if sid in self.sessions:
+                await self._cancel_inflight(self.sessions[sid])
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -134,13 +199,23 @@ class ShimServer:
         return SessionInfo(sid, key, f"{self.url}/s/{sid}")
 
     async def close_session(self, session_id: str) -> list[CallRecord]:
-        """Ends a session (later calls: 401); in-flight calls are aborted and recorded first."""
-        s = self.sessions.pop(session_id, None)
+        """Ends a session (later calls: 401, or a fresh open-mode session); in-flight calls are aborted
+        and recorded first. Returns its records (open-mode sessions keep none: see the capture log)."""
+        s = self.sessions.get(session_id)
         if s is None:
             raise KeyError(f"unknown or already closed session {session_id!r}")
-        self._closed.add(session_id)
+        self._forget(s)
         await self._cancel_inflight(s)
-        return list(s.records)
+        self._closed[session_id] = s.n_calls  # aborted calls may have been counted meanwhile
+        return s.records
+
+    def _forget(self, s: Session) -> None:
+        self.sessions.pop(s.session_id, None)
+        self._open_lru.pop(s.session_id, None)
+        self._closed[s.session_id] = s.n_calls
+        self._closed.move_to_end(s.session_id)
+        while len(self._closed) > FORGET_CLOSED:
+            self._closed.popitem(last=False)
 
     async def _cancel_inflight(self, s: Session) -> None:
         tasks = [t for t in s.inflight if not t.done()]
@@ -149,15 +224,34 @@ class ShimServer:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _expire_open(self, now: float) -> None:
+        """Drops idle and least recently used open-mode sessions (amortised O(1) per call)."""
+        for _ in range(len(self._open_lru)):
+            sid = next(iter(self._open_lru))
+            s = self.sessions[sid]
+            if len(self._open_lru) <= self.open_max_sessions and now - s.last_used <= self.open_idle_s:
+                return
+            if s.inflight:  # busy: not idle, and never cut off mid-call
+                self._open_lru.move_to_end(sid)
+                continue
+            self._forget(s)
+
     def _open_mode_session(self, request: web.Request, sid: str | None) -> Session:
         if sid is None:
-            hdr = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), "default")
-            sid = "open-" + re.sub(r"[^A-Za-z0-9_.-]", "_", hdr)[:80]
+            sid = "open-" + next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), "default")
+        sid = re.sub(r"[^A-Za-z0-9_.-]", "_", sid)[:96]
+        now = time.monotonic()
         s = self.sessions.get(sid)
         if s is None:
             ua = request.headers.get("User-Agent", "")
-            s = Session(sid, "", sid, "open", ua.split("/")[0] or "unknown", self.tok, {"user_agent": ua})
+            s = Session(sid, "", sid, "open", ua.split("/")[0] or "unknown", self.tok, {"user_agent": ua},
+                        keep_records=False, first_index=self._closed.pop(sid, 0))
             self.sessions[sid] = s
+        s.last_used = now
+        if not s.api_key:  # sessions from open_session() end by close_session(), as in enforced mode
+            self._open_lru[sid] = None
+            self._open_lru.move_to_end(sid)
+        self._expire_open(now)
         return s
 
     def _resolve(self, request: web.Request) -> Session | str:
@@ -172,7 +266,8 @@ class ShimServer:
             return f"session {sid!r} is {'closed' if sid in self._closed else 'unknown'}"
         auth = request.headers.get("Authorization", "")
         key = request.headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
-        if not hmac.compare_digest(key.encode(), s.api_key.encode()):
+        # header bytes that are not UTF-8 arrive surrogate-escaped: compare the raw bytes
+        if not hmac.compare_digest(key.encode("utf-8", "surrogateescape"), s.api_key.encode()):
             return f"invalid API key for session {sid!r}"
         return s
 
@@ -181,6 +276,14 @@ class ShimServer:
     async def _root(self, request: web.Request) -> web.Response:
         return web.Response(text="harness-rl shim\n")
 
+    async def _delete_session(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        try:
+            await self.close_session(sid)
+        except KeyError as e:
+            return error_response(guess_provider(request), 404, str(e.args[0]), "not_found")
+        return json_response({"id": sid, "object": "session.deleted", "deleted": True, "calls": self._closed[sid]})
+
     def _model_item(self, name: str) -> dict:
         """One model object readable as both an OpenAI and an Anthropic model."""
         return {"id": name, "object": "model", "created": 0, "owned_by": "harness-rl", "type": "model",
@@ -188,23 +291,26 @@ class ShimServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         m = self.options.model_name
-        return web.json_response({"object": "list", "data": [self._model_item(m)], "has_more": False, "first_id": m,
-                                  "last_id": m}, dumps=json_dumps)
+        return json_response({"object": "list", "data": [self._model_item(m)], "has_more": False, "first_id": m,
+                              "last_id": m})
 
     async def _model(self, request: web.Request) -> web.Response:
-        return web.json_response(self._model_item(request.match_info["model"]), dumps=json_dumps)
+        return json_response(self._model_item(request.match_info["model"].encode("utf-8", "replace").decode()))
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         s = self._resolve(request)
         if isinstance(s, str):
             return error_response("anthropic", 401, s, "auth")
         try:
-            req = anthropic_api.parse_request(await parse_json_body(request, self.max_body_bytes), count_only=True)
+            body = await parse_json_body(request, self.max_body_bytes, history="messages")
+            req = anthropic_api.parse_request(body, count_only=True)
+        except BodyTooLarge as e:
+            return error_response("anthropic", 413, str(e), "too_large")
         except BadRequest as e:
             return error_response("anthropic", 400, str(e), "invalid_request")
         thinking = self.options.enable_thinking if req.enable_thinking is None else req.enable_thinking
-        p = s.renderer.build(req.messages, req.tools, enable_thinking=thinking)
-        return web.json_response({"input_tokens": len(p.ids)})
+        p = s.renderer.build(req.messages, req.tools, enable_thinking=thinking, keep=False)  # calls stay incremental
+        return json_response({"input_tokens": len(p.ids)})
 
     def _handler(self, api: _Api):
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -217,13 +323,26 @@ class ShimServer:
         if isinstance(s, str):
             return error_response(api.provider, 401, s, "auth")
         try:
-            req = api.parse(await parse_json_body(request, self.max_body_bytes))
+            body = await parse_json_body(request, self.max_body_bytes, history=api.history)
+            req = api.parse(body, s.request_cache(api.name))
+            check_sampling(req, max_temperature=api.max_temperature)
+        except BodyTooLarge as e:
+            return error_response(api.provider, 413, str(e), "too_large", param=e.param)
         except BadRequest as e:
             return error_response(api.provider, 400, str(e), "invalid_request", param=e.param)
         call = Call(session=s, req=req, api=api.name, engine=self.engine, tokenizer=self.tok, capture=self.capture,
                     options=self.options)
         task = asyncio.current_task()
         s.inflight.add(task)
+        try:
+            return await self._run_call(call, request, api)
+        finally:
+            s.inflight.discard(task)
+            s.last_used = time.monotonic()
+
+    async def _run_call(self, call: Call, request: web.Request, api: _Api) -> web.StreamResponse:
+        """A parsed call to its end: an HTTP error before anything was sampled (no record), or exactly
+        one record (ok, or aborted when the client left or the engine failed midway)."""
         try:
             try:
                 await call.start()
@@ -244,11 +363,9 @@ class ShimServer:
         except Exception as e:  # engine failure mid-generation, or a bug: record, tell the client, stay up
             log.exception("call %s failed", call.call_id)
             await call.abort()
-            msg = f"{type(e).__name__}: {e}"
+            msg = safe_text(f"{type(e).__name__}: {e}")
             if getattr(call, "sse", None) is not None:
                 with contextlib.suppress(Exception):
                     await api.stream_error(call, msg, "overloaded" if isinstance(e, EngineUnavailable) else "server")
                 return call.sse.resp
             return error_response(api.provider, 500, msg, "server")
-        finally:
-            s.inflight.discard(task)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
+import orjson
+from aiohttp import web
 
-from research.capture import CallRecord, CaptureLog
+from research.capture import CallRecord, CaptureLog, from_json, to_json_bytes
 from research.models.tokenizer import Tokenizer
 from research.serving.api import (
     ContextLengthExceeded,
@@ -28,12 +30,16 @@ from research.serving.api import (
     SamplingParams,
     TokenChunk,
 )
-from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect
-from research.shim.render import GeneratedTurn, Message, SessionRenderer, turn_keys
+from research.shim.common import RequestCache, new_id, sampling_problem
+from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
+from research.shim.prefix import PrefixIndex
+from research.shim.render import GeneratedTurn, Message, Plan, Prompt, SessionRenderer, turn_keys
 
 # The shim's own threads for fsync and tokenization: asyncio's default pool is shared with sandbox
 # backends whose blocking calls can hold every thread for a whole rollout, which would starve capture.
 _IO_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="shim-io")
+
+log = logging.getLogger(__name__)
 
 OFFLOAD_CHARS = 16384  # new text above this is tokenized in a thread (encode_batch releases the GIL)
 
@@ -65,49 +71,72 @@ class ShimOptions:
     sampling_override: dict[str, Any] = dataclasses.field(default_factory=dict)
     return_routed_experts: bool = True
 
+    def __post_init__(self):
+        for name, v in self.sampling_override.items():
+            if name not in ("temperature", "top_p", "top_k", "seed"):
+                raise ValueError(f"sampling_override: unknown field {name!r}")
+            why = sampling_problem(name, v)
+            if why:
+                raise ValueError(f"sampling_override.{name}: {why}")
+
 
 class Session:
-    """One rollout's view of the shim: key, call counter, render cache, generated turns, calls."""
+    """One rollout's view of the shim: key, call counter, render cache, generated turns, calls.
+
+    Finished calls are kept as their capture-log lines (bytes: compact, and invisible to Python's
+    cyclic GC, which otherwise walks every token id of every kept prompt again and again);
+    `records` decodes them. `keep_records=False` (open mode) keeps only the count: the capture log
+    is the record there.
+    """
 
     def __init__(self, session_id: str, api_key: str, rollout_id: str, group_id: str, harness: str,
-                 tokenizer: Tokenizer, meta: dict | None = None):
+                 tokenizer: Tokenizer, meta: dict | None = None, *, keep_records: bool = True, first_index: int = 0):
         self.session_id, self.api_key = session_id, api_key
         self.rollout_id, self.group_id, self.harness = rollout_id, group_id, harness
         self.meta = dict(meta or {})
         self.renderer = SessionRenderer(tokenizer)
-        self.records: list[CallRecord] = []
-        self._seqs: list[tuple[str, list[int]]] = []  # (call_id, prompt+completion) of finished calls
-        self._next_index = 0
+        self.keep_records = keep_records
+        self._lines: list[bytes] = []  # capture-log lines of the finished calls (keep_records)
+        self.prefixes = PrefixIndex()  # prompt+completion of finished calls, for parent lookup
+        self.last_seq_json: tuple[str, int, bytes] | None = None  # (call id, length, JSON of prompt+completion)
+        self._request_caches: dict[str, RequestCache] = {}
+        self._next_index = first_index
         self.inflight: set[asyncio.Task] = set()
+        self.last_used = time.monotonic()
+
+    def request_cache(self, api: str) -> RequestCache:
+        """The parsed previous request of this session on `api` (see common.RequestCache)."""
+        c = self._request_caches.get(api)
+        if c is None:
+            c = self._request_caches[api] = RequestCache()
+        return c
+
+    @property
+    def n_calls(self) -> int:
+        """Calls recorded so far (every started call, ok or aborted)."""
+        return self._next_index
 
     def next_index(self) -> int:
         self._next_index += 1
         return self._next_index - 1
 
     def find_parent(self, prompt_ids: list[int]) -> tuple[str | None, int | None]:
-        """Earlier call sharing the longest token prefix with this prompt (latest on ties).
+        """Earlier call sharing the longest token prefix with this prompt (latest on ties); O(prompt)."""
+        return self.prefixes.lookup(prompt_ids)
 
-        Append-only harnesses hit the fast path: the last call's full sequence is a prefix.
-        """
-        if not self._seqs:
-            return None, None
-        cid, seq = self._seqs[-1]
-        if len(seq) <= len(prompt_ids) and prompt_ids[:len(seq)] == seq:
-            return cid, len(seq)
-        p = np.asarray(prompt_ids, dtype=np.int64)
-        best_id, best = None, -1
-        for cid, seq in reversed(self._seqs):
-            n = min(len(seq), len(p))
-            neq = np.flatnonzero(p[:n] != np.asarray(seq[:n], dtype=np.int64))
-            lcp = int(neq[0]) if len(neq) else n
-            if lcp > best:
-                best_id, best = cid, lcp
-        return (best_id, best) if best > 0 else (None, None)
+    @property
+    def records(self) -> list[CallRecord]:
+        """The finished calls, in call order (decoded from their capture-log lines)."""
+        return sorted(map(from_json, self._lines), key=lambda r: r.call_index)
 
-    def add_finished(self, rec: CallRecord) -> None:
-        self.records.append(rec)
+    def last_record(self) -> CallRecord | None:
+        return from_json(self._lines[-1]) if self._lines else None
+
+    def add_finished(self, rec: CallRecord, line: bytes) -> None:
+        if self.keep_records:
+            self._lines.append(line)
         if rec.status == "ok":
-            self._seqs.append((rec.call_id, rec.prompt_ids + rec.completion_ids))
+            self.prefixes.insert(rec.prompt_ids + rec.completion_ids, rec.call_id)
 
 
 class Call:
@@ -118,7 +147,7 @@ class Call:
                  capture: CaptureLog, options: ShimOptions):
         self.session, self.req, self.api = session, req, api
         self.engine, self.tok, self.capture, self.opt = engine, tokenizer, capture, options
-        self.call_id = f"{session.session_id}-{uuid.uuid4().hex[:12]}"
+        self.call_id = f"{session.session_id}-{new_id(12)}"
         self.t_start = time.time()
         self.thinking = options.enable_thinking if req.enable_thinking is None else req.enable_thinking
         self.parser = OutputParser(tokenizer, parse_tools=req.parse_tools)
@@ -129,37 +158,66 @@ class Call:
         self.record: CallRecord | None = None
         self._stream: AsyncIterator | None = None
         self._first: TokenChunk | GenerateResult | None = None
+        self.prompt: Prompt | None = None
+        self._prompt_job: asyncio.Future | None = None
+        self._commit_job: asyncio.Future | None = None  # the one capture record of this call
+        self._abort_job: asyncio.Future | None = None
         self.sse = None  # set by the adapter once response headers are out (errors then go in-stream)
 
     # ---- before headers: everything that can still become a clean HTTP error ------------------
 
     async def build_prompt(self) -> None:
-        r = self.session.renderer
-        plan = r.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
-        if sum(map(len, plan.missing)) > OFFLOAD_CHARS:  # e.g. a 76 KB first request: keep the loop serving
-            ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.tok.encode_batch, plan.missing)
+        plan = self.session.renderer.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
+        if self._offload(plan):
+            await self._tokenize_offloaded(plan)
         else:
+            self._finish_prompt(plan, None)
+
+    @staticmethod
+    def _offload(plan: Plan) -> bool:
+        return sum(map(len, plan.missing)) > OFFLOAD_CHARS  # e.g. a 76 KB first request: keep the loop serving
+
+    async def _tokenize_offloaded(self, plan: Plan) -> None:
+        ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.tok.encode_batch, plan.missing)
+        self._finish_prompt(plan, ids)
+
+    def _finish_prompt(self, plan: Plan, ids: list[list[int]] | None) -> None:
+        r = self.session.renderer
+        if ids is None:
             ids = [self.tok.encode(t) for t in plan.missing]
-        p = self.prompt = r.assemble(plan, r.add_tokenized(plan.missing, ids))
-        self.parent_call_id, self.prefix_match_len = self.session.find_parent(p.ids)
+        p = r.assemble(plan, r.add_tokenized(plan.missing, ids))
         max_ctx = self.engine.max_context
         if len(p.ids) >= max_ctx:
             raise ContextLengthExceeded(f"prompt is too long: {len(p.ids)} tokens > {max_ctx - 1} maximum")
         want = self.req.max_tokens or self.opt.default_max_tokens
         self.max_new_tokens = max(1, min(want, max_ctx - len(p.ids)))
+        self.parent_call_id, self.prefix_match_len = self.session.find_parent(p.ids)
+        self.prompt = p  # last: a call with a prompt is one that can be recorded
 
     def sampling(self) -> SamplingParams:
+        """The request's sampling values under the forced ones (both checked by `check_sampling`)."""
         r, o = self.req, self.opt.sampling_override
-        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "stop_token_ids": tuple(self.tok.stop_token_ids)}
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "stop_token_ids": special_ids(self.tok)[4]}
         for name in ("temperature", "top_p", "top_k", "seed"):
             v = o.get(name, getattr(r, name))
             if v is not None:
                 kw[name] = v
+        if kw.get("top_k", -1) <= 0:
+            kw["top_k"] = -1  # 0 and -1 both mean "no top-k"; -1 is what every engine takes
         return SamplingParams(**kw)
 
     async def start(self) -> None:
-        """Builds the prompt and waits for the engine's first item, so engine errors are still HTTP errors."""
-        await self.build_prompt()
+        """Builds the prompt and waits for the engine's first item, so engine errors are still HTTP errors.
+
+        From here on the call ends as exactly one capture record unless it ends as an HTTP error
+        before anything was sampled; a prompt tokenized off the loop is finished in its own task,
+        so a client that leaves meanwhile still gets its (aborted) record."""
+        plan = self.session.renderer.plan(self.req.messages, self.req.tools, enable_thinking=self.thinking)
+        if self._offload(plan):
+            self._prompt_job = asyncio.ensure_future(self._tokenize_offloaded(plan))
+            await asyncio.shield(self._prompt_job)
+        else:
+            self._finish_prompt(plan, None)
         greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
                                return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
         self._stream = self.engine.stream(greq)
@@ -167,8 +225,10 @@ class Call:
             self._first = await self._stream.__anext__()
         except StopAsyncIteration:
             self._first = None
+        except asyncio.CancelledError:
+            raise  # abort() closes the stream
         except BaseException:
-            await self._close_stream()
+            await asyncio.shield(self._close_stream())
             raise
 
     async def _close_stream(self) -> None:
@@ -195,17 +255,22 @@ class Call:
         return evs
 
     async def events(self) -> AsyncIterator[Delta | ParsedToolCall]:
+        """Parser events as the engine produces tokens; an SSE response is flushed before each wait."""
         item = self._first
         while item is not None:
             for ev in self._take(item):
                 yield ev
             if isinstance(item, GenerateResult):
                 break
+            if self.sse is not None:
+                await self.sse.flush()
             try:
                 item = await self._stream.__anext__()
             except StopAsyncIteration:
                 item = None
         self._stream = None
+        if self.sse is not None:
+            await self.sse.flush()
         if self.result is None:
             raise RuntimeError(f"engine stream of call {self.call_id} ended without a GenerateResult")
 
@@ -240,7 +305,7 @@ class Call:
                 "tokenized_tokens": p.tokenized_tokens, "max_new_tokens": self.max_new_tokens, **self.req.meta}
         return CallRecord(
             rollout_id=self.session.rollout_id, session_id=self.session.session_id, group_id=self.session.group_id,
-            harness=self.session.harness, call_index=self.session.next_index(), prompt_ids=list(p.ids),
+            harness=self.session.harness, call_index=self.session.next_index(), prompt_ids=p.ids,
             completion_ids=list(self.completion_ids), logprobs=list(self.logprobs),
             weight_version=res.weight_version if res is not None else self.engine.weight_version,
             finish_reason=self.finish_reason if status == "ok" else "abort", call_id=self.call_id,
@@ -248,28 +313,112 @@ class Call:
             routed_experts_shape=shape, api=self.api, status=status, t_start=self.t_start, t_end=time.time(),
             meta=meta)
 
+    def _prompt_json(self) -> bytes | None:
+        """The prompt's ids as JSON, extending the bytes of the call it continues (append-only
+        sessions: O(new tokens) instead of O(prompt) per record)."""
+        last, ids = self.session.last_seq_json, self.prompt.ids
+        if last is None or last[0] != self.parent_call_id or last[1] != self.prefix_match_len:
+            return None
+        return _extend_json(last[2], _ids_json(ids[last[1]:]))
+
+    def _write(self, rec: CallRecord, pj: bytes | None) -> bytes:
+        line = to_json_bytes(rec, prompt_ids_json=pj)
+        self.capture.append_line(line)
+        return line
+
     async def _append(self, rec: CallRecord) -> CallRecord:
-        await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.capture.append, rec)
-        self.session.add_finished(rec)
+        pj = self._prompt_json()
+        line = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self._write, rec, pj)
+        self.session.add_finished(rec, line)
+        if rec.status == "ok":
+            seq = _extend_json(pj or _ids_json(rec.prompt_ids), _ids_json(rec.completion_ids))
+            n = len(rec.prompt_ids) + len(rec.completion_ids)
+            self.session.last_seq_json = None if seq is None else (rec.call_id, n, seq)
         self.record = rec
         return rec
 
-    async def finish(self) -> CallRecord:
-        """Captures the call (fsync'd) and remembers the turn for token-in/token-out; call before the final event."""
+    async def _commit_ok(self) -> CallRecord:
         rec = await self._append(self._record("ok"))
         out = self.output
         keys = turn_keys(out.content, out.reasoning, [(c.name, c.arguments) for c in out.tool_calls])
         self.session.renderer.remember(keys, GeneratedTurn(self.call_id, self.prompt.head_ids, rec.completion_ids))
         return rec
 
+    async def finish(self) -> CallRecord:
+        """Captures the call (fsync'd) and remembers the turn for token-in/token-out; call before the final event.
+
+        The commit is its own task: a client leaving meanwhile cannot half-record the call."""
+        if self._commit_job is None:
+            self._commit_job = asyncio.ensure_future(self._commit_ok())
+        return await asyncio.shield(self._commit_job)
+
     async def abort(self) -> CallRecord | None:
-        """Client went away or the engine failed mid-call: stop generating, record what was sampled."""
-        if self.record is not None:
-            return self.record
+        """Client went away or the engine failed mid-call: stop generating, record what was sampled.
+
+        Idempotent, and immune to further cancellation of the caller (aiohttp may cancel a handler
+        again while it cleans up): the work runs in its own task, awaited until done, so the call
+        still ends as exactly one record; the caller's cancellation is re-raised afterwards."""
+        if self._abort_job is None:
+            self._abort_job = asyncio.ensure_future(self._abort())
+        return await wait_through_cancel(self._abort_job)
+
+    async def _abort(self) -> CallRecord | None:
+        if self._commit_job is None:
+            try:
+                await self._close_stream()
+            except Exception:  # noqa: BLE001 - the engine's own cleanup error must not hide the abort record
+                log.exception("call %s: closing the engine stream failed", self.call_id)
+            if self.prompt is None and self._prompt_job is not None:
+                try:
+                    await self._prompt_job
+                except (Exception, asyncio.CancelledError):  # it would have been an HTTP error: nothing sampled
+                    return None
+            if self.prompt is None:
+                return None
+            if self._commit_job is None:
+                self._commit_job = asyncio.ensure_future(self._append(self._record("aborted")))
         try:
-            await asyncio.shield(self._close_stream())
-        except Exception:  # noqa: BLE001 - the engine's own cleanup error must not hide the abort record
-            pass
-        if not hasattr(self, "prompt"):
+            return await self._commit_job
+        except Exception:  # noqa: BLE001 - the capture log failed; the client gets an error either way
+            log.exception("call %s: capture failed", self.call_id)
             return None
-        return await asyncio.shield(self._append(self._record("aborted")))
+
+
+def _ids_json(ids: list[int]) -> bytes | None:
+    try:
+        return orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+def _extend_json(head: bytes | None, tail: bytes | None) -> bytes | None:
+    """JSON of list a + list b from the JSON of a and of b."""
+    if head is None or tail is None:
+        return None
+    if tail == b"[]" or head == b"[]":
+        return head if tail == b"[]" else tail
+    return head[:-1] + b"," + tail[1:]
+
+
+async def finish_json(call: Call, body: dict) -> web.Response:
+    """A non-streaming answer: serialised first, then the call is captured, then sent, so a body
+    that cannot be sent becomes an aborted record and an error, never an "ok" record and a 500."""
+    payload = orjson.dumps(body)
+    await call.finish()
+    return web.Response(body=payload, content_type="application/json")
+
+
+async def wait_through_cancel(fut: asyncio.Future):
+    """`await fut` to its end even if the awaiting task is cancelled meanwhile (then re-raised after)."""
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(fut)
+            break
+        except asyncio.CancelledError:
+            if fut.done():  # fut itself was cancelled (loop shutdown)
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

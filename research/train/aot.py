@@ -1,4 +1,4 @@
-"""AOT compilation of the real train step from abstract inputs: per-device memory without any hardware.
+"""AOT lowering + compilation of the real train steps from abstract inputs: per-device memory, no hardware.
 
 Why: a 30B-A3B config must be shown to fit before anyone rents a pod. `jax.jit(step).lower(abstract
 state, abstract batch).compile()` runs the full SPMD partitioner for the target mesh on fake CPU
@@ -6,32 +6,72 @@ devices (ShapeDtypeStructs carry the shardings; nothing is allocated), and XLA's
 then reports what ONE device holds: arguments (params + optimizer state + batch), outputs, aliased
 (donated) buffers and temporaries (activations, gradients, collectives' buffers).
 
-Caveat: the numbers come from XLA:CPU's buffer assignment; TPU/GPU compilers fuse and schedule
-differently (and use bf16 collectives/kernels), so treat them as a faithful estimate of the state and a
-rough one of activations.
+Steps (`step=`), all built by the code that trains (research/rl/trainer.py `make_steps` over the one
+objective, research/rl/objective.py):
+  grpo, ppo  the RL loop's step (compact-head tree objective; PPO adds the value head and `old_values`);
+             `kl=True` adds the reference log-probs, `replay=True` (MoE) the recorded routed experts
+             [B, T, L, k] of routing replay (R3), which also adds the routing forward pass;
+  sft        the SFT step on the same tree batch (the default for model-only configs: configs/tiny.py,
+             configs/qwen3_30b_a3b.py, whose other run sections take their defaults).
 
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu [--num_layers=2] [--fake_devices=8]
+Device memory: `config.device.memory_gb` (the per-device HBM of the config's target) is what the report's
+`fits` compares against. Caveat: the numbers come from XLA:CPU's buffer assignment; TPU/GPU compilers fuse
+and schedule differently (and use bf16 collectives/kernels), so treat them as a faithful estimate of the
+state and a rough one of activations. MoE configs compile with `moe_impl="shapes"` by default: XLA:CPU lowers
+`ragged_dot` to dense [local experts, assignments, D] arrays (287 GiB per device for ONE layer of the 30B
+GRPO step on the 8-GPU mesh, vs 35 GiB with the stand-in), which no accelerator allocates.
+
+  python -m research.train.aot --config=configs/qwen3_30b_a3b_gpu.py --step=grpo,ppo,sft --kl --replay \
+      --fake_devices=8 [--num_layers=2]
+  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu --step=sft --fake_devices=16
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 import time
 
 GiB = 1024**3
+STEPS = ("grpo", "ppo", "sft")
+TREE_INT_KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index")
+TREE_FLOAT_KEYS = ("behav_logp", "weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum")
 
 
-def abstract_batch(*, rows: int, row_len: int, mesh, batch_axes=("data", "fsdp", "expert")) -> dict:
-    """ShapeDtypeStructs of one packed-row SFT batch, rows sharded over the batch mesh axes."""
+def _run_config(config):
+    """The typed run config; model-only configs get every other section's defaults (invariants unchecked)."""
+    from research.rl.config import RunConfig
+
+    return RunConfig.of(config, check=bool(config.get("rl")))
+
+
+def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = False) -> dict:
+    """ShapeDtypeStructs of one packed tree batch of `step` as the trainer feeds it, rows over the batch axes
+    (`config.train.batch_axes`), with its loss slots (`config.train.loss_slots`); `ref_logp` when `kl`,
+    `old_values` for ppo, `expert_ids` [B, T, L, k] when `replay` (MoE only)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    sharding = NamedSharding(mesh, PartitionSpec(tuple(batch_axes)))
-    spec = lambda dt: jax.ShapeDtypeStruct((rows, row_len), dt, sharding=sharding)
-    keys = ("tokens", "positions", "segment_ids", "subtree_end", "targets")
-    return {**{k: spec(jnp.int32) for k in keys}, "loss_mask": spec(jnp.float32)}
+    t = _run_config(config).train
+    sh = NamedSharding(mesh, PartitionSpec(t.batch_axes))
+    s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+    B, T, K = t.batch_rows, t.row_len, t.loss_slots
+    out = {**{k: s((B, T), jnp.int32) for k in TREE_INT_KEYS},
+           **{k: s((B, T), jnp.float32) for k in TREE_FLOAT_KEYS},
+           "norm": s((B,), jnp.float32), "loss_idx": s((B, K), jnp.int32), "loss_valid": s((B, K), jnp.bool_)}
+    if step == "ppo":
+        out["old_values"] = s((B, T), jnp.float32)
+    if kl and step in ("grpo", "ppo"):
+        out["ref_logp"] = s((B, T), jnp.float32)
+    if replay:
+        m = config.model
+        if not m.num_experts:
+            raise ValueError("replay=True needs an MoE model (config.model.num_experts > 0)")
+        out["expert_ids"] = s((B, T, m.num_layers, m.num_experts_per_tok), jnp.int32)
+    return out
 
 
 def memory_report(compiled) -> dict:
@@ -57,78 +97,107 @@ def largest_arrays(compiled, n: int = 6) -> list[tuple[str, int]]:
     Why: `temp_bytes` is one number; this says *what* dominates it (e.g. a compiler's lowering of a
     grouped matmul), which is what one needs to act on a memory problem.
     """
-    import re
-
     sizes: dict[str, int] = {}
     for m in re.finditer(r"\b(f64|f32|bf16|f16|s64|s32|u32|s8|u8|pred)\[([0-9,]+)\]", compiled.as_text()):
-        dims = [int(d) for d in m.group(2).split(",")]
-        nbytes = _DTYPE_BYTES[m.group(1)]
-        for d in dims:
-            nbytes *= d
-        sizes[m.group(0)] = nbytes
+        sizes[m.group(0)] = _DTYPE_BYTES[m.group(1)] * math.prod(int(d) for d in m.group(2).split(","))
     return sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
-
-
-def aot_compile(config, *, num_layers: int | None = None, devices=None) -> dict:
-    """Lowers + compiles the SFT train step of `config` on its mesh; returns the memory report.
-
-    `num_layers` overrides the depth (real width) to keep CPU compile time short in tests; with
-    scanned layers, state memory scales linearly in depth (reported as `state_bytes_per_layer`).
-    """
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from research.models.params import count_model_params
-    from research.train.state import abstract_train_state, make_mesh, policy_state_init
-    from research.train.step import make_sft_loss_fn, make_train_step
-
-    if num_layers is not None:
-        config = config.copy_and_resolve_references()
-        config.model.num_layers = num_layers
-    init, cfg = policy_state_init(config)
-    mesh = make_mesh(config.mesh, devices)
-    state = abstract_train_state(init, mesh, cfg.logical_rules)
-    shardings = jax.tree.map(lambda a: a.sharding, state)
-    batch = abstract_batch(rows=config.train.batch_rows, row_len=config.train.row_len, mesh=mesh)
-    step = make_train_step(
-        loss_fn=make_sft_loss_fn(cfg, logprob_chunk=config.train.logprob_chunk),
-        optimizer=init.optimizer,
-        state_shardings=shardings,
-        batch_shardings=NamedSharding(mesh, PartitionSpec(("data", "fsdp", "expert"))),
-        num_microbatches=config.train.num_microbatches,
-    )
-    t0 = time.perf_counter()
-    lowered = step.lower(state, batch)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    state_bytes = sum(_device_bytes(a) for a in jax.tree.leaves(state))
-    counts = count_model_params(cfg)
-    return {
-        **memory_report(compiled),
-        "state_bytes_per_device": state_bytes,
-        "mesh": dict(mesh.shape),
-        "num_layers": cfg.num_layers,
-        "params_total": counts.total,
-        "params_active": counts.active,
-        "tokens_per_step": config.train.batch_rows * config.train.row_len,
-        "largest_arrays": largest_arrays(compiled),
-        "lower_s": round(t1 - t0, 2),
-        "compile_s": round(t2 - t1, 2),
-    }
 
 
 def _device_bytes(a) -> int:
     """Bytes one device holds of abstract array `a` under its sharding (max shard, padding included)."""
-    import math
+    return math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
 
-    shard = a.sharding.shard_shape(a.shape)
-    return math.prod(shard) * a.dtype.itemsize
+
+def device_memory_bytes(config) -> int | None:
+    """Per-device memory of the config's target (`config.device.memory_gb`, decimal GB as vendors state it)."""
+    dev = config.get("device")
+    return int(dev.memory_gb * 1e9) if dev and dev.get("memory_gb") else None
+
+
+def _with(config, *, step: str, kl: bool, num_layers: int | None, moe_impl: str | None):
+    """A copy of `config` for `step`: algo, KL coefficient, depth and MoE kernel set (nothing else changes)."""
+    config = config.copy_and_resolve_references()
+    if num_layers is not None:
+        config.model.num_layers = num_layers
+    if moe_impl and config.model.get("num_experts"):
+        config.model.moe_impl = moe_impl
+    if step in ("grpo", "ppo"):
+        config.algo = step
+        if kl and not config.rl.kl_coef > 0:
+            config.rl.kl_coef = 0.01
+    return config
+
+
+def _build(config, step: str, mesh):
+    """(step fn, abstract state, model config) of `step` on `mesh`, from the trainer's own builders."""
+    import jax
+
+    from research.rl.trainer import make_steps, state_init
+    from research.train.state import abstract_train_state
+
+    run = _run_config(config)
+    init = state_init(run)
+    state = abstract_train_state(init, mesh, run.model.logical_rules)
+    steps = make_steps(run, init, mesh, jax.tree.map(lambda a: a.sharding, state))
+    return steps["sft" if step == "sft" else "rl"], state, run.model
+
+
+def aot_compile(config, *, step: str | None = None, kl: bool = False, replay: bool = False,
+                num_layers: int | None = None, devices=None, compile: bool = True,
+                moe_impl: str | None = "shapes") -> dict:
+    """Lowers (and compiles) `step` of `config` on its mesh; returns the per-device memory report.
+
+    `step` defaults to the config's algo for loop configs (`config.rl` present), else "sft". `num_layers`
+    overrides the depth (real width); with scanned layers compile time barely depends on it and state
+    memory scales linearly. `compile=False` stops after lowering (shapes and shardings checked).
+    `moe_impl`: the MoE kernel compiled; "shapes" (research/models/moe.py) has the buffers of the
+    accelerators' grouped GEMM, which XLA:CPU's own lowering of `ragged_dot` inflates ~E_local-fold
+    (None: the config's own kernel).
+    """
+    import jax
+
+    from research.models.params import count_model_params
+    from research.train.state import make_mesh
+
+    step = step or (config.algo if config.get("rl") and config.algo != "sft" else "sft")
+    if step not in STEPS:
+        raise ValueError(f"step {step!r} not in {STEPS}")
+    if step != "sft" and not config.get("rl"):
+        raise ValueError(f"step {step!r} needs a loop config (with config.rl), e.g. configs/qwen3_30b_a3b_gpu.py")
+    config = _with(config, step=step, kl=kl, num_layers=num_layers, moe_impl=moe_impl)
+    mesh = make_mesh(config.mesh, devices)
+    fn, state, cfg = _build(config, step, mesh)
+    batch = abstract_batch(config, mesh, step=step, kl=kl, replay=replay)
+    t0 = time.perf_counter()
+    lowered = fn.lower(state, batch)
+    t1 = time.perf_counter()
+    counts = count_model_params(cfg)
+    rep = {"step": step, "moe_impl": config.model.get("moe_impl"), "kl": "ref_logp" in batch,
+           "replay": "expert_ids" in batch, "mesh": dict(mesh.shape),
+           "num_layers": cfg.num_layers, "params_total": counts.total, "params_active": counts.active,
+           "tokens_per_step": config.train.batch_rows * config.train.row_len, "batch_keys": sorted(batch),
+           "state_bytes_per_device": sum(_device_bytes(a) for a in jax.tree.leaves(state)),
+           "batch_bytes_per_device": sum(_device_bytes(a) for a in jax.tree.leaves(batch)),
+           "lower_s": round(t1 - t0, 2), "device_memory_bytes": device_memory_bytes(config)}
+    if not compile:
+        return rep
+    compiled = lowered.compile()
+    rep.update(memory_report(compiled), largest_arrays=largest_arrays(compiled),
+               compile_s=round(time.perf_counter() - t1, 2))
+    if rep["device_memory_bytes"]:
+        rep["fits"] = rep["peak_bytes"] <= rep["device_memory_bytes"]
+    return rep
 
 
 def format_report(rep: dict) -> str:
     g = lambda k: f"{rep[k] / GiB:.2f} GiB"
-    return (f"mesh {rep['mesh']} layers {rep['num_layers']}: per device peak {g('peak_bytes')} "
+    head = (f"{rep['step']}{' +kl' if rep['kl'] else ''}{' +replay' if rep['replay'] else ''} mesh {rep['mesh']} "
+            f"layers {rep['num_layers']}: ")
+    if "peak_bytes" not in rep:
+        return head + f"lowered in {rep['lower_s']}s (state {g('state_bytes_per_device')} per device)"
+    dev = f" of {rep['device_memory_bytes'] / GiB:.1f} GiB ({'fits' if rep['fits'] else 'DOES NOT FIT'})" \
+        if rep.get("device_memory_bytes") else ""
+    return (head + f"per device peak {g('peak_bytes')}{dev} "
             f"(args {g('argument_bytes')}, temps {g('temp_bytes')}, outputs {g('output_bytes')}, "
             f"aliased {g('alias_bytes')}; state {g('state_bytes_per_device')}), "
             f"lower {rep['lower_s']}s compile {rep['compile_s']}s; largest arrays: "
@@ -140,23 +209,31 @@ def main(argv=None) -> None:
     from absl import app, flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "config file (e.g. configs/qwen3_30b_a3b.py:gpu)")
+    config_flags.DEFINE_config_file("config", None, "config file (e.g. configs/qwen3_30b_a3b_gpu.py)")
+    flags.DEFINE_list("step", [], f"steps to compile, of {STEPS} (default: the config's algo, or sft)")
+    flags.DEFINE_bool("kl", False, "RL steps: KL penalty on (the batch carries reference log-probs)")
+    flags.DEFINE_bool("replay", False, "RL/SFT steps of an MoE: routing replay on (recorded routed experts)")
     flags.DEFINE_integer("num_layers", None, "override depth (real width) for a quicker compile")
     flags.DEFINE_integer("fake_devices", 0, "force this many XLA:CPU devices (0: use the real backend)")
+    flags.DEFINE_bool("compile", True, "compile (memory report) or only lower")
+    flags.DEFINE_string("moe_impl", "shapes", "MoE kernel to compile ('shapes': the accelerators' buffers; '': "
+                        "the config's)")
 
     def run(_):
         import json
 
-        fake = flags.FLAGS.fake_devices
-        if fake:
+        F = flags.FLAGS
+        if F.fake_devices:
             import jax
 
             jax.config.update("jax_platforms", "cpu")
             os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                       f" --xla_force_host_platform_device_count={fake}").strip()
-        rep = aot_compile(flags.FLAGS.config, num_layers=flags.FLAGS.num_layers)
-        print(format_report(rep))
-        print("AOT " + json.dumps(rep, sort_keys=True), flush=True)
+                                       f" --xla_force_host_platform_device_count={F.fake_devices}").strip()
+        for step in F.step or [None]:
+            rep = aot_compile(F.config, step=step, kl=F.kl, replay=F.replay, num_layers=F.num_layers,
+                              compile=F.compile, moe_impl=F.moe_impl or None)
+            print(format_report(rep))
+            print("AOT " + json.dumps(rep, sort_keys=True), flush=True)
 
     app.run(run, argv=argv or sys.argv)
 

@@ -3,7 +3,9 @@
 One checkpoint step directory holds three items (one `ocp.args.Composite`):
   state  the TrainState pytree (params, optimizer state, step, rng, critic + its optimizer state),
          saved with `StandardSave` (tensorstore/OCDBT, each host writes its own shards);
-  data   the data-iterator position (grain iterator state) as JSON;
+  data   the data-iterator position (grain iterator state) as JSON; on a multi-process run each process
+         has its own iterator, so the positions of all processes are gathered and stored together
+         (orbax writes JSON items from the primary process only) and each process gets its own back;
   meta   any other JSON the loop needs to resume exactly (e.g. the ids of consumed rollouts).
 
 Why restore takes an *abstract* state: the target shardings come from the caller's mesh, so a
@@ -30,6 +32,7 @@ from research.train.state import TrainState
 
 _log = logging.getLogger(__name__)
 _BYTES_KEY = "__bytes_b64__"
+PER_PROCESS_KEY = "__per_process__"
 
 
 class CheckpointError(RuntimeError):
@@ -53,6 +56,37 @@ def _from_json(obj: Any) -> Any:
     return obj
 
 
+def _gather_per_process(obj: Any) -> Any:
+    """Every process's JSON item -> one item: the common value when all are equal, else
+    `{PER_PROCESS_KEY: [item of process 0, item of process 1, ...]}` (a collective: all processes call it)."""
+    if jax.process_count() == 1:
+        return obj
+    import json
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    raw = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    lengths = multihost_utils.process_allgather(np.asarray([raw.size], np.int64)).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[: raw.size] = raw
+    every = multihost_utils.process_allgather(padded).reshape(len(lengths), -1)
+    items = [json.loads(bytes(row[:n]).decode()) for row, n in zip(every, lengths)]
+    return items[0] if all(x == items[0] for x in items) else {PER_PROCESS_KEY: items}
+
+
+def _own_item(obj: Any) -> Any:
+    """This process's entry of a gathered item; with another process count than at save time the whole
+    `{PER_PROCESS_KEY: [...]}` is returned: how N iterator positions map onto M is the data pipeline's call."""
+    if isinstance(obj, dict) and set(obj) == {PER_PROCESS_KEY}:
+        items = obj[PER_PROCESS_KEY]
+        if len(items) == jax.process_count():
+            return items[jax.process_index()]
+        _log.warning("data state was saved by %d processes, restoring on %d: returning all of them",
+                     len(items), jax.process_count())
+    return obj
+
+
 class Checkpointer:
     """Save every `save_every` steps, keep the newest `keep`, restore the latest (or a given) step."""
 
@@ -72,10 +106,13 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState, *, data_state: Any = None, meta: dict | None = None,
              force: bool = False) -> bool:
-        """Saves if `step` is on the save interval (or `force`); returns whether a save started."""
+        """Saves if `step` is on the save interval (or `force`); returns whether a save started. On a
+        multi-process run every process calls it (a collective), each with its own `data_state`."""
+        if not force and not self._manager.should_save(int(step)):
+            return False  # (before the gather below: no collective on steps that are not saved)
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(_to_json(data_state)),
+            data=ocp.args.JsonSave(_gather_per_process(_to_json(data_state))),
             meta=ocp.args.JsonSave(_to_json(meta or {})),
         )
         saved = self._manager.save(int(step), args=args, force=force)
@@ -107,7 +144,7 @@ class Checkpointer:
             out = self._manager.restore(step, args=args)
         except (ValueError, KeyError, FileNotFoundError) as e:
             raise CheckpointError(f"restoring step {step} from {self.directory}: {e}") from e
-        return out["state"], _from_json(out["data"]), _from_json(out["meta"]) or {}
+        return out["state"], _from_json(_own_item(out["data"])), _from_json(out["meta"]) or {}
 
     def wait(self) -> None:
         """Blocks until background writes are finished (then the step is durable)."""

@@ -31,7 +31,8 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from research.models import ModelConfig, Qwen3, dummy_inputs
-from research.train.optim import make_optimizer
+from research.models import sharding as sharding_lib
+from research.models.sharding import logical_shardings
 
 PyTree = Any
 InitFn = Callable[[jax.Array], PyTree]  # rng -> boxed params (nn.Partitioned leaves carry logical names)
@@ -68,12 +69,6 @@ class StateInit:
 
 def _replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
-
-
-def param_shardings(abstract_boxed: PyTree, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> PyTree:
-    """Logical names on each (abstract) param -> NamedSharding via the rules table; unnamed -> replicated."""
-    logical = nn.get_partition_spec(abstract_boxed)
-    return nn.logical_to_mesh_sharding(logical, mesh, list(rules))
 
 
 def _opt_shardings(optimizer, abstract_params: PyTree, p_shardings: PyTree, mesh: Mesh) -> PyTree:
@@ -115,11 +110,11 @@ def state_shardings(init: StateInit, mesh: Mesh, rules: Sequence[tuple[str, Any]
 def _state_shardings(init: StateInit, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> TrainState:
     rng = jax.random.PRNGKey(0)
     boxed = jax.eval_shape(init.init_fn, rng)
-    p_sh = param_shardings(boxed, mesh, rules)
+    p_sh = logical_shardings(boxed, mesh, rules)
     critic_sh = critic_opt_sh = None
     if init.critic_init_fn is not None:
         c_boxed = jax.eval_shape(init.critic_init_fn, rng)
-        critic_sh = param_shardings(c_boxed, mesh, rules)
+        critic_sh = logical_shardings(c_boxed, mesh, rules)
         critic_opt_sh = _opt_shardings(init.critic_optimizer, nn.unbox(c_boxed), critic_sh, mesh)
     rep = _replicated(mesh)
     return TrainState(
@@ -158,35 +153,35 @@ def tree_norm(tree: PyTree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
 
 
-AXES = ("data", "fsdp", "expert", "tensor")
+AXES = sharding_lib.MESH_AXES
 
 
 def make_mesh(mesh_cfg: ml_collections.ConfigDict | dict, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Mesh (data, fsdp, expert, tensor) from `config.mesh`; one axis may be -1 = all remaining devices."""
+    """Mesh (data, fsdp, expert, tensor) from `config.mesh`; one axis may be -1 = all remaining devices. A mesh
+    smaller than `devices` takes the first ones (a 1-device config on a host with 8 fake devices)."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [int(dict(mesh_cfg)[a]) for a in AXES]
-    if sizes.count(-1) > 1:
-        raise ValueError(f"config.mesh {dict(mesh_cfg)}: at most one axis may be -1")
-    known = int(np.prod([s for s in sizes if s != -1]))
-    if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"config.mesh {dict(mesh_cfg)}: {len(devices)} devices not divisible by {known}")
-        sizes[sizes.index(-1)] = len(devices) // known
-    n = int(np.prod(sizes))
-    if n > len(devices):
-        raise ValueError(f"config.mesh {dict(mesh_cfg)} needs {n} devices, have {len(devices)}")
-    return Mesh(np.asarray(devices[:n]).reshape(sizes), AXES)
+    sizes = {a: int(dict(mesh_cfg)[a]) for a in AXES}
+    if -1 not in sizes.values():
+        n = int(np.prod(list(sizes.values())))
+        if n > len(devices):
+            raise ValueError(f"config.mesh {dict(mesh_cfg)} needs {n} devices, have {len(devices)}")
+        devices = devices[:n]
+    try:
+        return sharding_lib.make_mesh(**sizes, devices=devices)
+    except ValueError as e:
+        raise ValueError(f"config.mesh {dict(mesh_cfg)}: {e}") from e
 
 
-def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+def model_config(config: ml_collections.ConfigDict | dict) -> ModelConfig:
     """`config.model` (all ModelConfig fields) -> the frozen ModelConfig the model functions take."""
-    fields = config.model.to_dict()
+    model = config["model"]
+    fields = model.to_dict() if isinstance(model, ml_collections.ConfigDict) else dict(model)
     for key in ("mlp_only_layers", "logical_rules"):
         if key in fields:
             fields[key] = _tuples(fields[key])
     try:
         return ModelConfig(**fields)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"config.model: {e}") from e
 
 
@@ -194,20 +189,14 @@ def _tuples(x):
     return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
 
 
-def policy_state_init(config: ml_collections.ConfigDict) -> tuple[StateInit, ModelConfig]:
-    """The StateInit of the Qwen3 policy described by `config.model` / `config.optim`."""
-    cfg = model_config(config)
-    optimizer, _ = make_optimizer(config.optim)
+def policy_state_init(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, *,
+                      critic_init_fn: InitFn | None = None,
+                      critic_optimizer: optax.GradientTransformation | None = None) -> StateInit:
+    """The one StateInit of the Qwen3 policy (and, with a critic, its value head): functions only, nothing
+    is allocated. The RL learner, the AOT compile and the tests all build their state from this."""
     # Init runs one forward on a dummy row; expert parallelism does not change the params and would
     # need the dummy token count to divide the expert mesh axis, so the init forward runs without it.
-    init_cfg = cfg.replace(expert_parallel=False)
+    init_cfg = model_cfg.replace(expert_parallel=False)
     init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
-    return StateInit(init_fn=init_fn, optimizer=optimizer), cfg
-
-
-def create_train_state(
-    config: ml_collections.ConfigDict, mesh: Mesh, rng: jax.Array
-) -> tuple[TrainState, TrainState]:
-    """(state, shardings) of the policy in `config`, built shard-by-shard on `mesh`."""
-    init, cfg = policy_state_init(config)
-    return init_train_state(init, mesh, cfg.logical_rules, rng)
+    return StateInit(init_fn=init_fn, optimizer=optimizer, critic_init_fn=critic_init_fn,
+                     critic_optimizer=critic_optimizer)

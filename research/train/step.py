@@ -6,8 +6,8 @@ a propagation accident, and donating the old state halves peak memory (params + 
 in place). The batch is pure data (packed rows of fixed padded shape), so different prefix-tree
 shapes never recompile.
 
-The objective is supplied by the caller as `loss_fn(params, batch, rng) -> (loss, metrics)` — tree
-PPO/GRPO from `research.trees`, or `sft_loss_fn` below. When the state carries a critic, the loss is
+The objective is supplied by the caller as `loss_fn(params, batch, rng) -> (loss, metrics)` — the
+tree PPO/GRPO or SFT loss of research/rl/objective.py. When the state carries a critic, the loss is
 called as `loss_fn(params, batch, rng, critic_params=...)` and both are differentiated in one
 backward pass, each updated by its own optimizer (critics usually want a larger learning rate).
 
@@ -26,8 +26,6 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from research.models import ModelConfig, Qwen3, head_weight
-from research.models.logprobs import token_logprobs
 from research.train.optim import current_learning_rate
 from research.train.state import TrainState, tree_norm
 
@@ -177,30 +175,3 @@ class TrainStep:
     def cache_size(self) -> int:
         """Number of compiled variants (1 after any number of same-shaped batches)."""
         return self.jitted._cache_size()
-
-
-def make_sft_loss_fn(model_cfg: ModelConfig, *, logprob_chunk: int = 1024) -> LossFn:
-    """Token-mean NLL over packed rows: the SFT objective and the simplest real `loss_fn`.
-
-    Batch keys: tokens, positions, segment_ids, subtree_end, targets, loss_mask (all [B, T]); the
-    target of position t is the token predicted from t's hidden state (the next token of a sequence);
-    optional `expert_ids` [B, T, L, K] replays recorded MoE routing. Log-probs go through the fused
-    chunked head, so [T, V] logits are never materialised.
-    """
-
-    def sft_loss_fn(params, batch: Batch, rng: jax.Array):
-        del rng  # deterministic objective (no dropout in Qwen3)
-        hidden_BxTxD = Qwen3(model_cfg).apply(
-            {"params": params}, batch["tokens"], batch["positions"], batch["segment_ids"], batch["subtree_end"],
-            expert_ids_BxTxLxK=batch.get("expert_ids"),
-        )
-        logp_BxT, ent_BxT = token_logprobs(
-            hidden_BxTxD, head_weight(params, model_cfg), batch["targets"], chunk_size=logprob_chunk,
-            return_entropy=True,
-        )
-        mask_BxT = batch["loss_mask"].astype(jnp.float32)
-        n = jnp.maximum(mask_BxT.sum(), 1.0)
-        nll = -(logp_BxT * mask_BxT).sum() / n
-        return nll, {"nll": nll, "entropy": (ent_BxT * mask_BxT).sum() / n, "num_tokens": mask_BxT.sum()}
-
-    return sft_loss_fn

@@ -92,3 +92,26 @@ def tree_gae(tree: GroupTree, *, node_values: np.ndarray, gamma: float, lam: flo
     values = np.asarray(node_values, np.float32)[tree.occ_node]
     adv, ret = adv_lib.segment_gae(values_O=values, rewards_O=rewards, last_O=last, gamma=gamma, lam=lam)
     return np.asarray(adv), np.asarray(ret)
+
+
+def ppo_stats_from_values(trees: list[GroupTree], packed: dict[str, np.ndarray], values_BxT: np.ndarray, *,
+                          gamma: float, lam: float, aggregation: str) -> dict[str, np.ndarray]:
+    """PPO: GAE on each tree with the pre-pass values; returns `packed` with fresh stats and `old_values`."""
+    values_BxT = np.asarray(values_BxT, np.float32)
+    own = packed["own"]
+    out = dict(packed)
+    node_values = [np.zeros(t.num_nodes, np.float32) for t in trees]
+    for b, i in zip(*np.nonzero(own)):
+        node_values[packed["tree_id"][b, i]][packed["node_id"][b, i]] = values_BxT[b, i]
+    stats = []
+    for t, nv in zip(trees, node_values):
+        adv, ret = tree_gae(t, node_values=nv, gamma=gamma, lam=lam)
+        stats.append(node_stats(t, occ_adv=adv, occ_ret=ret, agg_name=aggregation))
+    for k in STAT_FIELDS:
+        arr = np.zeros_like(packed[k])
+        for t, s in enumerate(stats):
+            sel = own & (packed["tree_id"] == t)
+            arr[sel] = s[k][packed["node_id"][sel]]
+        out[k] = arr
+    out["old_values"] = values_BxT
+    return out

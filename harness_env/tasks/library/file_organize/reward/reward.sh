@@ -1,4 +1,5 @@
 #!/bin/bash
-# Runs after the harness exited, cwd = the workspace. Last stdout line: the reward in [0, 1].
+# Runs after the harness exited, from <workspace>/reward (a fresh copy). Last line: the reward in [0, 1].
 set -u
-exec python3 "$(dirname "$0")/check.py"
+cd "$(dirname "$0")/.." || exit 1
+exec python3 reward/check.py

@@ -16,11 +16,9 @@ import pathlib
 import random
 from collections.abc import Sequence
 
-import ml_collections
-
 from harness_env.runner import RolloutSpec, Runner, RunnerConfig
 from harness_env.sandbox import Limits
-from harness_env.tasks import discover, family
+from harness_env.tasks import select_tasks
 from research.capture import CaptureLog, RolloutResult
 from research.serving.api import Engine, GenerateRequest
 from research.shim.server import ShimServer
@@ -29,54 +27,69 @@ from research.shim.session import ShimOptions
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec(RolloutSpec):
-    """A RolloutSpec whose ids carry the training step (and a tag: "train" or "eval")."""
+    """A RolloutSpec whose ids carry the training step, a tag ("train", "eval", "demo") and the sampling
+    round of the step (> 0: extra rounds of dynamic sampling)."""
 
     step: int = 0
     tag: str = "train"
+    round: int = 0
+
+    @property
+    def _prefix(self) -> str:
+        return f"{self.tag}{self.step:05d}" + (f"r{self.round}" if self.round else "")
 
     @property
     def group_id(self) -> str:
-        return f"{self.tag}{self.step:05d}/{self.task_dir.name}/{self.harness}"
+        return f"{self._prefix}/{self.task_dir.name}/{self.harness}"
 
     @property
     def rollout_id(self) -> str:
-        return f"{self.tag}{self.step:05d}.{super().rollout_id}"
+        return f"{self._prefix}.{super().rollout_id}"
 
 
-def step_of(rollout_id: str) -> int:
-    """The training step a rollout was planned for (inverse of StepSpec.rollout_id)."""
-    head = rollout_id.split(".", 1)[0]
-    return int(head.lstrip("abcdefghijklmnopqrstuvwxyz"))
+def step_key(step: int) -> str:
+    """The key RL step `step` seals its groups under (research/data/shards.py)."""
+    return f"train{step:05d}"
 
 
-def task_dirs(tasks: ml_collections.ConfigDict, root: pathlib.Path, split: str) -> list[pathlib.Path]:
-    """The task folders of `split` ("train" | "heldout"): the make_file family or a ClawGym-format dir."""
-    if tasks.source == "make_file":
-        out = root / "tasks" / split
-        if not out.exists() or not any(out.iterdir()):
-            family.generate(out, split=split, seed=tasks.seed)
-        return sorted(p for p in out.iterdir() if p.is_dir())
+def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:  # noqa: ANN001
+    """The task folders of `split` ("train" | "heldout") through the one task selection of harness_env
+    (harness_env/tasks/select.py, also behind launch.eval). `config.tasks.source`: `make_file` (the family,
+    generated under root/tasks), `library`, `dir` (`train_dir` / `eval_dir` as given), or a folder of
+    ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash (`seed`, `heldout_fraction`);
+    `limit` > 0: a seeded sample of that many tasks per split."""
+    kw = dict(seed=tasks.seed, heldout_fraction=tasks.heldout_fraction, limit=tasks.limit or None, scratch=root)
     if tasks.source == "dir":
-        d = pathlib.Path(tasks.train_dir if split == "train" else tasks.eval_dir)
-        return discover(d)
-    raise ValueError(f"config.tasks.source={tasks.source!r}; known: make_file, dir")
+        return select_tasks(tasks.train_dir if split == "train" else tasks.eval_dir, **kw)
+    return select_tasks(tasks.source, split=split, **kw)
 
 
-def harness_weights(cfg: ml_collections.ConfigDict) -> list[tuple[str, float]]:
-    """`config.rollout.harnesses` is "name:weight,name:weight" (weight defaults to 1)."""
+def harness_weights(cfg) -> list[tuple[str, float]]:  # noqa: ANN001
+    """`config.rollout.harnesses` is "name:weight,name:weight" (weight defaults to 1); names must be registered."""
+    from harness_env.harnesses import harness_names
+
     out = []
     for item in str(cfg.rollout.harnesses).split(","):
         name, _, w = item.strip().partition(":")
-        out.append((name, float(w) if w else 1.0))
+        try:
+            out.append((name, float(w) if w else 1.0))
+        except ValueError:
+            raise ValueError(f"config.rollout.harnesses={cfg.rollout.harnesses!r}: weight {w!r} of {name!r} is "
+                             "not a number") from None
     if not out or any(w <= 0 for _, w in out):
         raise ValueError(f"config.rollout.harnesses={cfg.rollout.harnesses!r}: need name[:weight>0],...")
+    unknown = [n for n, _ in out if n not in harness_names()]
+    if unknown:
+        raise ValueError(f"config.rollout.harnesses={cfg.rollout.harnesses!r}: unknown harness(es) {unknown}; "
+                         f"known: {harness_names()}")
     return out
 
 
-def plan_step(cfg: ml_collections.ConfigDict, tasks: Sequence[pathlib.Path], step: int,
-              tag: str = "train") -> list[StepSpec]:
-    """groups_per_step (task, harness) groups of group_size samples; harnesses drawn by weight."""
-    rng = random.Random(cfg.seed * 1_000_003 + step)
+def plan_step(cfg, tasks: Sequence[pathlib.Path], step: int, tag: str = "train",  # noqa: ANN001
+              round: int = 0) -> list[StepSpec]:
+    """groups_per_step (task, harness) groups of group_size samples; harnesses drawn by weight. A pure
+    function of (seed, step, round), so a resumed run replans exactly the same rollouts."""
+    rng = random.Random(cfg.seed * 1_000_003 + step + 7_919 * round)
     hw = harness_weights(cfg)
     names, weights = [n for n, _ in hw], [w for _, w in hw]
     specs = []
@@ -85,11 +98,21 @@ def plan_step(cfg: ml_collections.ConfigDict, tasks: Sequence[pathlib.Path], ste
         # every harness gets a share of groups (round robin) once there are at least as many groups
         h = names[i % len(names)] if cfg.rollout.groups_per_step >= len(names) and len(set(weights)) == 1 \
             else rng.choices(names, weights)[0]
-        specs += [StepSpec(pathlib.Path(t), h, k, step=step, tag=tag) for k in range(cfg.rollout.group_size)]
+        specs += [StepSpec(pathlib.Path(t), h, k, step=step, tag=tag, round=round)
+                  for k in range(cfg.rollout.group_size)]
     return specs
 
 
-def plan_eval(cfg: ml_collections.ConfigDict, tasks: Sequence[pathlib.Path], step: int) -> list[StepSpec]:
+def groups_with_signal(results: Sequence[RolloutResult]) -> int:
+    """Groups (by group id) whose finished rollouts got at least two different rewards."""
+    by_group: dict[str, set] = {}
+    for r in results:
+        if r.status == "ok" and r.reward is not None:
+            by_group.setdefault(r.group_id, set()).add(r.reward)
+    return sum(len(v) > 1 for v in by_group.values())
+
+
+def plan_eval(cfg, tasks: Sequence[pathlib.Path], step: int) -> list[StepSpec]:
     """One greedy sample per held-out task and harness (eval ids are tagged "eval" + the step)."""
     n = cfg.eval.num_tasks
     chosen = list(tasks)[:n] if n and n > 0 else list(tasks)
@@ -99,10 +122,11 @@ def plan_eval(cfg: ml_collections.ConfigDict, tasks: Sequence[pathlib.Path], ste
 class RolloutService:
     """Shim over an engine + a Runner writing into the run's capture log; `await run(specs)`."""
 
-    def __init__(self, cfg: ml_collections.ConfigDict, workdir: pathlib.Path, engine, tokenizer, *,
+    def __init__(self, cfg, workdir: pathlib.Path, engine, tokenizer, *,
                  name: str = "rollouts", capture_path: pathlib.Path | None = None, sampling: dict | None = None,
                  backend=None, max_new_tokens: int | None = None):
         self.cfg, self.workdir, self.engine = cfg, workdir, engine
+        harness_weights(cfg)  # unknown harness names fail here, before any sandbox starts
         self.capture_path = capture_path or workdir / "capture.jsonl"
         self.capture = CaptureLog(self.capture_path, fsync=cfg.rollout.fsync)
         sock = workdir / f"{name}.sock"
@@ -116,7 +140,8 @@ class RolloutService:
         self.runner_cfg = RunnerConfig(
             out_dir=workdir / name, backend=r.backend, concurrency=r.concurrency, timeout_s=r.timeout_s,
             reward_timeout_s=r.reward_timeout_s, infra_retries=r.infra_retries, max_turns=r.max_turns,
-            limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30),
+            limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30,
+                          workspace_mb=r.workspace_mb, home_mb=r.home_mb),
             progress=r.progress)
         self.runner = Runner(self.runner_cfg, self.shim, capture_log=self.capture, backend=backend)
         self._started = False

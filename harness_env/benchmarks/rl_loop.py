@@ -1,15 +1,15 @@
 """Bench `loop`: time split of RL steps of the demo config and end-to-end throughput.
 
-    python -m launch.bench --suite=loop [--opt steps=4 --opt groups_per_step=4 --opt group_size=4]
+    python -m launch.bench --suite=rl_loop [--opt steps=4 --opt groups_per_step=4 --opt group_size=4]
 
 Runs `steps` synchronous tree-GRPO steps of configs/demo_cpu.py (tiny policy with the real Qwen3
 tokenizer, JAX engine, shim, bwrap, reference harness, make_file tasks; no SFT, no eval) in a fresh
 temp workdir and reports per-step means over the steps after the first (which compiles):
   rollout_s, tree_s (seal + shards + trees + pack), train_s, sync_s, trained_tokens_per_s (tree tokens /
   train_s), rollouts_per_min (rollouts / rollout wall time), tree_compression (flat / tree tokens).
-Baseline in the same run, on the last step's batch: the same train step with the full-vocabulary head
-(research/trees/objective.py) vs the loop's compact head -> `compact_head_speedup`; and the tokens the
-flat per-call view would train -> `tree_compression`.
+Baseline in the same run, on the last step's batch: the same objective with the LM head on every slot
+(`objective.all_slots`) vs the loop's compact head (loss slots only) -> `compact_head_speedup`; and the
+tokens the flat per-call view would train -> `tree_compression`.
 """
 
 from __future__ import annotations
@@ -30,12 +30,8 @@ def _time(fn, reps: int) -> float:
 
 def run(steps: int = 4, groups_per_step: int = 4, group_size: int = 4, reps: int = 2, keep: bool = False) -> dict:
     from configs import demo_cpu
-    from research.rl import batches as B
-    from research.rl.loop import train
+    from harness_env.rl.loop import train
     from research.rl.metrics import read_metrics
-    from research.rl.trainer import Learner, pipeline_config
-    from research.train.step import make_train_step
-    from research.trees.objective import make_tree_loss_fn
 
     cfg = demo_cpu.get_config()
     cfg.train.steps = steps
@@ -58,19 +54,7 @@ def run(steps: int = 4, groups_per_step: int = 4, group_size: int = 4, reps: int
     out["final_reward"] = recs[-1]["rollout/all/reward"] if recs else None
     out["wall_s"] = round(wall, 1)
 
-    # Baseline on the last step's batch: full-vocabulary head vs the compact head, same state and step.
-    learner = Learner(cfg)
-    ids = _last_ids(wd)
-    batch = B.build_batch(B.load_groups(wd / "shards", ids), pipeline_config(cfg), current_version=0,
-                          max_off_policy=1 << 30, loss_slots_k=cfg.train.loss_slots)
-    full = make_train_step(loss_fn=make_tree_loss_fn(learner.model_cfg, learner.obj),
-                           optimizer=learner.init.optimizer, state_shardings=learner.shardings,
-                           batch_shardings=_rows(learner), donate=False)
-    dev = {k: v for k, v in batch.device.items() if k not in ("loss_idx", "loss_valid")}
-    t_full = _time(lambda: full(learner.state, dev)[1]["loss"].block_until_ready(), reps)
-    t_compact = _time(lambda: learner.train(batch), reps)
-    out.update(full_head_train_s=round(t_full, 4), compact_head_train_s=round(t_compact, 4),
-               compact_head_speedup=round(t_full / t_compact, 3))
+    out.update(_head_baseline(cfg, wd, reps))
     if not keep:
         import shutil
 
@@ -80,16 +64,28 @@ def run(steps: int = 4, groups_per_step: int = 4, group_size: int = 4, reps: int
     return out
 
 
-def _rows(learner):
+def _head_baseline(cfg, wd: pathlib.Path, reps: int) -> dict:
+    """Full-vocabulary head on every slot vs the compact head, same state, same batch, same jitted step."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from research.rl.trainer import batch_axes
+    from research.data.pipeline import step_stream
+    from research.rl import batches as B
+    from research.rl.objective import all_slots, make_rl_loss_fn
+    from research.rl.trainer import Learner
+    from research.train.step import make_train_step
 
-    return NamedSharding(learner.mesh, PartitionSpec(batch_axes(learner.config)))
-
-
-def _last_ids(wd: pathlib.Path) -> set[str]:
-    import json
-
-    lines = (wd / "ledger.jsonl").read_text().splitlines()
-    return set(json.loads(lines[-1])["trained"])
+    learner = Learner(cfg)
+    run = learner.run
+    *_, sealed = list(step_stream(wd / "shards", run.pipeline()))
+    batch = B.build_batch(sealed.items, run.pipeline(), current_version=1 << 30, max_off_policy=1 << 30,
+                          loss_slots_k=run.train.loss_slots)
+    rows = NamedSharding(learner.mesh, PartitionSpec(run.train.batch_axes))
+    step = make_train_step(loss_fn=make_rl_loss_fn(run.model, learner.obj), optimizer=learner.init.optimizer,
+                           state_shardings=learner.shardings, batch_shardings=rows, donate=False)
+    B_, T = batch.device["tokens"].shape
+    idx, valid = all_slots(B_, T)
+    full = {**batch.device, "loss_idx": idx, "loss_valid": valid}
+    t_full = _time(lambda: step(learner.state, full)[1]["loss"].block_until_ready(), reps)
+    t_compact = _time(lambda: step(learner.state, batch.device)[1]["loss"].block_until_ready(), reps)
+    return dict(full_head_train_s=round(t_full, 4), compact_head_train_s=round(t_compact, 4),
+                compact_head_speedup=round(t_full / t_compact, 3))

@@ -1,0 +1,1 @@
+"""`launch.bench` suites that run harnesses or sandboxes (research/benchmarks has the rest)."""

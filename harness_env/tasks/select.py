@@ -1,0 +1,67 @@
+"""Which tasks a run uses: the one task-selection function behind `launch.eval` and the RL loop.
+
+A source is `library` (ours), `make_file` / `family` (the generated make_file family), or a folder of
+ClawGym-format tasks (e.g. ../shared/clawgym/train, 2000 real tasks). A folder is split into train /
+held-out by a seeded hash of each task's folder name: stable when tasks are added or removed, different
+for another seed, and independent of the order anything is listed in. The family keeps its own split
+(by (name, word) pair, so every held-out word is also seen in training). `limit` then draws a seeded
+random sample (returned in name order), so `--limit=50` is a fair sample of a 2000-task folder rather
+than its first 50 names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import random
+
+from harness_env.tasks import family
+from harness_env.tasks.loader import TaskError, discover
+
+LIBRARY = pathlib.Path(__file__).with_name("library")
+SPLITS = ("all", "train", "heldout")
+FAMILY = ("make_file", "family")
+
+
+def split_of(name: str, *, seed: int = 0, heldout_fraction: float = 0.1) -> str:
+    """`heldout` for a `heldout_fraction` share of task names (seeded hash), else `train`."""
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big")
+    return "heldout" if h / 2.0**64 < heldout_fraction else "train"
+
+
+def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_fraction: float = 0.1,
+                 limit: int | None = None, scratch: str | pathlib.Path | None = None) -> list[pathlib.Path]:
+    """The task folders of `split` from `source`, at most `limit` of them (seeded sample).
+
+    `scratch` is where the make_file family is generated (required for it). Raises TaskError for an
+    unknown split or a source that is neither a known name nor a folder."""
+    if split not in SPLITS:
+        raise TaskError(f"split {split!r} not in {SPLITS}")
+    if not 0.0 <= heldout_fraction <= 1.0:
+        raise TaskError(f"heldout_fraction {heldout_fraction} not in [0, 1]")
+    if source in FAMILY:
+        if scratch is None:
+            raise TaskError("the make_file family needs a scratch dir to be generated into")
+        out = pathlib.Path(scratch) / "tasks" / split
+        if not out.is_dir() or not any(out.iterdir()):
+            family.generate(out, split=split, seed=seed)
+        dirs = sorted(p for p in out.iterdir() if p.is_dir())
+    else:
+        folder = LIBRARY if source == "library" else pathlib.Path(source)
+        if not folder.is_dir():
+            raise TaskError(f"task source {source!r}: not library, make_file, nor a task directory")
+        dirs = discover(folder)
+        if split != "all":
+            dirs = [d for d in dirs if split_of(d.name, seed=seed, heldout_fraction=heldout_fraction) == split]
+    if limit is not None and limit >= 0 and limit < len(dirs):
+        dirs = sorted(random.Random(seed).sample(dirs, limit))
+    return dirs
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """`launch.eval --tasks` strings: `library` | `family:SPLIT[:N]` (as before) | `make_file` | DIR; returns
+    (source, overrides for select_tasks)."""
+    if spec.startswith("family:"):
+        _, split, *n = spec.split(":")
+        return "family", {"split": split, **({"limit": int(n[0])} if n else {})}
+    return spec, {}

@@ -1,0 +1,113 @@
+"""Shared by the ClawGym / grader tests: real tasks, scripted per-task policies, one runner call."""
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import shutil
+import stat
+
+import pytest
+
+from harness_env.harnesses.base import get_harness
+from harness_env.harnesses.scripted import scripted_reply
+from harness_env.runner import RolloutSpec, Runner, RunnerConfig
+from harness_env.sandbox import Limits
+from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
+
+CLAWGYM_TRAIN = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "clawgym" / "train"
+WS = "/root/.openclaw/workspace"
+
+# task_0185 (real, as shipped): read input/project.json, write output/plan.json + output/USAGE.md. The checker
+# is all-or-nothing (1.0 only when every check passes). The script uses relative paths on purpose: it only
+# works when the harness runs it in the task's workspace.
+SOLVE_0185 = """mkdir -p output && python3 - <<'PY'
+import json
+p = json.load(open("input/project.json"))
+cmds = []
+for s in p["steps"]:
+    if isinstance(s, str):
+        cmds.append("bash-themes " + s)
+    else:
+        (name, arg), = s.items()
+        cmds.append("bash-themes %s %s" % (name, arg["target"]))
+json.dump({"project_name": p["name"], "bash_themes_dir": p["bash_themes_dir"], "commands": cmds},
+          open("output/plan.json", "w"), indent=2)
+lines = ["# Usage", "", "export BASH_THEMES_DIR=" + p["bash_themes_dir"], ""] + ["$ " + c for c in cmds]
+open("output/USAGE.md", "w").write("\\n".join(lines + ["", "Each line runs one step, in order."]) + "\\n")
+PY
+ls output"""
+SOLVED_0185 = "I wrote output/plan.json and output/USAGE.md."
+DO_NOTHING = "I did not change anything."
+
+
+def clawgym_train() -> pathlib.Path:
+    """The 2000 real ClawGym tasks (../shared/clawgym/train, this repo's CI layout), else skip."""
+    if not (CLAWGYM_TRAIN / "task_0185" / "data_entry.json").exists():
+        pytest.skip("../shared/clawgym/train not present")
+    return CLAWGYM_TRAIN
+
+
+def query_marker(task_dir: pathlib.Path) -> str:
+    """A piece of the task's query that identifies it in a rendered prompt."""
+    import json
+
+    return json.loads((task_dir / "data_entry.json").read_text())["user_query"][:80]
+
+
+def per_task_policy(harness_name: str, plans: dict[str, tuple[list[str], str]], decode):
+    """A ReplayEngine script: for the task whose query marker is in the prompt, run its commands with this
+    harness's own shell tool, then answer its final message."""
+    harness = get_harness(harness_name)
+
+    def reply(req) -> str:  # noqa: ANN001
+        text = decode(list(req.prompt_ids))
+        for marker, (commands, final) in plans.items():
+            if marker in text:
+                return scripted_reply(harness, commands, final, text)
+        return "No task found."
+
+    return reply
+
+
+def writable_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
+    """A copy of a (read-only, shared) task folder that tests may extend and pytest may delete."""
+    shutil.copytree(src, dst, symlinks=True)
+    for dirpath, dirnames, filenames in os.walk(dst):
+        for name in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, name)
+            os.chmod(p, os.lstat(p).st_mode | stat.S_IWUSR | (stat.S_IXUSR if os.path.isdir(p) else 0))
+    os.chmod(dst, 0o755)
+    return dst
+
+
+def run_rollouts(tmp_path: pathlib.Path, engine, tok, specs: list[RolloutSpec], *, backend=None,
+                 shim_options=None, **cfg_kw) -> tuple[list[RolloutResult], list[CallRecord]]:
+    """One runner call through a real shim (Unix socket) into the given engine; returns results and calls."""
+    from research.shim.server import ShimServer
+
+    cfg_kw.setdefault("limits", Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=330))
+    cfg = RunnerConfig(out_dir=tmp_path / "run", progress=False, infra_retries=0,
+                       **{"timeout_s": 300, "max_turns": 8, **cfg_kw})
+
+    async def go():
+        log = CaptureLog(tmp_path / "capture.jsonl", fsync=False)
+        server = ShimServer(engine, tok, log, unix_socket=str(tmp_path / "shim.sock"), options=shim_options)
+        await server.start()
+        runner = Runner(cfg, server, capture_log=log, backend=backend)
+        try:
+            return await runner.run(specs)
+        finally:
+            runner.close()
+            await server.stop()
+            log.close()
+
+    results = asyncio.run(go())
+    calls = [r for r in read_log(tmp_path / "capture.jsonl") if isinstance(r, CallRecord)]
+    return results, calls
+
+
+def logs_of(tmp_path: pathlib.Path, rollout_id: str) -> str:
+    d = tmp_path / "run" / "rollouts" / rollout_id / "logs"
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in (d / "stdout.txt", d / "stderr.txt")
+                     if p.exists())

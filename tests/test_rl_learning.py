@@ -1,0 +1,125 @@
+"""RL learns through the real path, and a sign error anywhere in it fails a test.
+
+Bandit (research/benchmarks/learning.py): the JAX engine samples -> capture log -> keyed seal -> grain step
+stream -> trees -> Learner (tree GRPO / PPO) -> in-process weight sync; reward = fraction of generated tokens
+in a target set (optimum 1.0, random ~0.125). GRPO and PPO must lift it from <= 0.2 to >= 0.8 in a fixed
+budget, the negated-reward control must drive it down, and the trainer's log-probs must equal the engine's
+at the trained tokens (<= 1e-5, fp32) at T = 1 and T = 0.7.
+
+Multi-turn: the whole loop (`harness_env.rl.loop.train`) through the shim, bwrap and the reference agent in
+chat mode (2 answers per rollout: every rollout is a 2-call path of the prefix tree), SFT-warm-started on
+demonstrations that name one of 8 words at random, then GRPO with a checker rewarding one word.
+"""
+
+import hashlib
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from research.benchmarks.learning import run_bandit
+from research.rl.config import RunConfig, RunConfigError
+
+pytestmark = pytest.mark.slow
+
+
+def test_grpo_lifts_the_reward_and_trainer_logprobs_match_the_engine(tmp_path):
+    r = run_bandit("grpo", steps=15, workdir=tmp_path)
+    c = r["curve"]
+    assert c[0] <= 0.2 and c[-1] >= 0.8, c
+    assert r["logp_maxdiff"] <= 1e-5, r["logp_maxdiff"]
+
+
+def test_ppo_lifts_the_reward(tmp_path):
+    c = run_bandit("ppo", steps=18, workdir=tmp_path)["curve"]  # the value head learns first
+    assert c[0] <= 0.2 and c[-1] >= 0.8, c
+
+
+def test_negated_advantages_drive_the_reward_down(tmp_path):
+    c = run_bandit("grpo", steps=10, sign=-1.0, workdir=tmp_path)["curve"]
+    assert c[0] >= 0.08 and c[-1] <= 0.02, c
+
+
+def test_temperature_0_7_trains_at_the_sampling_temperature(tmp_path):
+    r = run_bandit("grpo", steps=12, temperature=0.7, workdir=tmp_path)
+    assert r["logp_maxdiff"] <= 1e-5, r["logp_maxdiff"]  # the trainer's log-probs are taken at T = 0.7 too
+    assert r["curve"][0] <= 0.2 and r["curve"][-1] >= 0.8, r["curve"]
+
+
+def test_configs_whose_trainer_and_sampler_cannot_agree_are_rejected():
+    from research.benchmarks.learning import bandit_config
+
+    cfg = bandit_config()
+    assert RunConfig.of(cfg).objective().temperature == cfg.rollout.temperature == 1.0
+    cfg.rollout.temperature = 0.7
+    assert RunConfig.of(cfg).objective().temperature == 0.7
+    for field, value, msg in (("top_p", 0.9, "top_p=0.9"), ("temperature", 0.0, "T > 0")):
+        bad = bandit_config()
+        bad.rollout[field] = value
+        with pytest.raises(RunConfigError, match=msg):
+            RunConfig.of(bad)
+    sft = bandit_config("sft")
+    sft.rollout.temperature = 0.0  # SFT never uses the behaviour distribution
+    RunConfig.of(sft)
+
+
+# ------------------------------------------------------------------------------ multi-turn, whole loop
+
+WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
+TARGET = "river"
+CHECK = f"""import json, os
+p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
+answers = [m.get("content") or "" for m in p["transcript"] if m.get("role") == "assistant"]
+print(sum(a.strip() == "{TARGET}" for a in answers) / max(len(answers), 1))
+"""
+
+
+def _tasks(root: pathlib.Path, n: int) -> pathlib.Path:
+    for i in range(n):
+        d = root / f"word{i:02d}"
+        (d / "reward").mkdir(parents=True)
+        (d / "data_entry.json").write_text(json.dumps({
+            "task_id": f"word{i:02d}", "user_query": f"Say one word ({i}).",
+            "metadata": {"category": "chat", "chat_graded": True}}))
+        (d / "reward" / "check.py").write_text(CHECK)
+        (d / "reward" / "reward.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$0")/check.py"\n')
+    return root
+
+
+def word_expert(prompt_text: str) -> str:
+    """Names one of WORDS, picked by a hash of the prompt (so the two answers of a chat differ)."""
+    return WORDS[int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % len(WORDS)]
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(900)
+def test_multi_turn_grpo_through_the_harness_lifts_the_reward(tmp_path):
+    from configs import demo_cpu
+    from harness_env.rl import experts as demos
+    from harness_env.rl.loop import train
+    from harness_env.sandbox import get_backend
+    from research.rl.metrics import read_metrics
+
+    ok, why = get_backend("bwrap").available()
+    assert ok, why
+    demos.EXPERTS["word_choice"] = word_expert
+    cfg = demo_cpu.get_config("test")
+    tasks = _tasks(tmp_path / "tasks", 16)
+    cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
+    cfg.model.update(embedding_init_std=0.2)
+    cfg.optim.update(learning_rate=4e-3, warmup_steps=0)
+    cfg.rl_optim.update(learning_rate=2e-3)
+    cfg.sft.update(steps=60, groups_per_step=8, num_demos=-1, expert="word_choice", min_reward=0.0)
+    cfg.rollout.update(harnesses="reference_dialog", groups_per_step=4, group_size=4, max_new_tokens=8,
+                       max_turns=4, temperature=1.0)
+    cfg.train.update(steps=20, batch_rows=4)
+    cfg.checkpoint.update(every=10)
+    cfg.metrics.update(tensorboard=False, plot_every=100)
+    train(cfg, tmp_path / "run")
+    recs = [m for m in read_metrics(tmp_path / "run") if m["kind"] == "train"]
+    rewards = [m["rollout/all/reward"] for m in recs]
+    assert len(recs) == 20 and all(m["rollout/all/count"] == 16 for m in recs)
+    # every rollout is a chat of two calls: the second call's prompt extends the first -> merged trees
+    assert min(m["tree_compression"] for m in recs) > 1.5
+    assert rewards[0] <= 0.2 and np.mean(rewards[-3:]) >= 0.8, rewards
