@@ -28,7 +28,6 @@ from harness_env.eval.run import build_engine, evaluate, task_dirs
 from harness_env.runner import RunnerConfig
 from harness_env.sandbox import Limits
 
-_DEFAULT_TOK = str(pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "qwen3")
 _TASKS = flags.DEFINE_string("tasks", "library", "task dir | library | family:SPLIT[:N]")
 _SPLIT = flags.DEFINE_enum("split", None, ["all", "train", "heldout"], "part of the seeded train/held-out split")
 _LIMIT = flags.DEFINE_integer("limit", None, "evaluate a seeded random sample of this many tasks")
@@ -41,7 +40,7 @@ _OUT = flags.DEFINE_string("out", "/tmp/harness_rl_eval", "output dir (resumable
 _BACKEND = flags.DEFINE_enum("backend", "bwrap", ["bwrap", "docker", "kubernetes"], "sandbox backend")
 _CONC = flags.DEFINE_integer("concurrency", 8, "rollouts in flight")
 _TIMEOUT = flags.DEFINE_float("timeout_s", 300.0, "per-rollout harness timeout")
-_TOKENIZER = flags.DEFINE_string("tokenizer", _DEFAULT_TOK, "policy tokenizer dir")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "", "policy tokenizer dir or hub id; '': the packaged Qwen3 tokenizer")
 _THRESHOLD = flags.DEFINE_float("threshold", 1.0, "reward counted as a success")
 _MEMORY = flags.DEFINE_integer("memory_mb", 2048, "sandbox memory limit")
 _WS_MB = flags.DEFINE_integer("workspace_mb", 1024, "workspace disk cap in MiB (0: uncapped); over it: disk_limit")

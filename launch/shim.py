@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pathlib
 import signal
 
 from absl import app, flags, logging
@@ -25,9 +24,8 @@ from research.serving.factory import build_engine
 from research.shim.server import ShimServer
 from research.shim.session import ShimOptions
 
-_DEFAULT_TOK = str(pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "qwen3")
 _ENGINE = flags.DEFINE_enum("engine", "replay", ["replay", "jax", "sglang"], "generation backend")
-_TOKENIZER = flags.DEFINE_string("tokenizer", _DEFAULT_TOK, "tokenizer dir or hub name")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "", "tokenizer dir or hub name; '': the packaged Qwen3 tokenizer")
 _CAPTURE = flags.DEFINE_string("capture", "/tmp/harness_rl_capture.jsonl", "capture log (JSONL)")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "TCP host")
 _PORT = flags.DEFINE_integer("port", 8765, "TCP port (0: any)")

@@ -50,7 +50,8 @@ class _BadConfig(_Shell):
 class _Peek(_Shell):
     """Tries to find the checker while it runs: everything it can see named reward* goes to found.txt."""
 
-    name, script = "test_peek", "find / -name 'reward*' -not -path '/proc/*' 2>/dev/null > found.txt; true"
+    name = "test_peek"
+    script = "echo probe-ran > found.txt; find / -name 'reward*' -not -path '/proc/*' 2>/dev/null >> found.txt; true"
 
 
 @register
@@ -176,8 +177,9 @@ def test_the_harness_cannot_see_the_checker(shim, tmp_path):
     task = tmp_path / "tasks" / "peek"
     (task / "reward").mkdir(parents=True)
     (task / "data_entry.json").write_text(json.dumps({"task_id": "peek", "user_query": "q"}))
-    (task / "reward" / "reward.sh").write_text('cat found.txt >&2; if grep -q reward found.txt; then echo 0; '
-                                               'else echo 1; fi\n')
+    # run in <workspace>/reward (loader.grade): 1 only if the probe ran (its marker) and found nothing named reward*
+    (task / "reward" / "reward.sh").write_text('F=../found.txt; cat $F >&2; grep -q probe-ran $F || { echo 0; exit; }; '
+                                               'if grep -q reward $F; then echo 0; else echo 1; fi\n')
     cfg = RunnerConfig(out_dir=tmp_path / "run", timeout_s=60, progress=False)
     (r,) = _run(server, log, cfg, plan([task], ["test_peek"], 1))
     assert r.status == "ok" and r.reward == 1.0, r

@@ -27,7 +27,6 @@ from research.models.tokenizer import load_tokenizer
 from research.serving.replay import ReplayEngine
 from research.shim.server import ShimServer
 
-TOKENIZER_DIR = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "qwen3"
 TASK = LIBRARY / "file_hello"
 SOLVE = "printf 'Hello, world!\\n' > hello.txt && cat hello.txt"
 FINAL = "I created hello.txt."
@@ -55,7 +54,7 @@ async def _one(tok, name: str, backend, root: pathlib.Path, sample: int) -> dict
 
 
 def run(backend: str = "bwrap", repeats: int = 1, harnesses: str = "reference,claude_code,codex,opencode,openclaw",
-        tokenizer_dir: str = str(TOKENIZER_DIR)) -> dict:
+        tokenizer_dir: str = "") -> dict:
     names = [n for n in str(harnesses).split(",") if n]
     if "reference" not in names:
         names.insert(0, "reference")

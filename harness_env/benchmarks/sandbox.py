@@ -22,8 +22,6 @@ import numpy as np
 
 from harness_env.sandbox import Limits, SandboxSpec, get_backend
 
-QWEN3 = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "qwen3"
-
 
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1000.0, q))
@@ -139,15 +137,12 @@ async def _run(n_start: int, levels: list[int], docker_levels: list[int], docker
         else:
             out["docker_skipped"] = why
         srv.close()
-        if (QWEN3 / "tokenizer.json").exists():
-            from research.models.tokenizer import load_tokenizer
+        from research.models.tokenizer import load_tokenizer
 
-            tok = load_tokenizer(QWEN3)
-            await _levels(out, "bwrap", levels, root, tok, timeout_s)
-            if ok and docker_levels:
-                await _levels(out, "docker", docker_levels, root, tok, timeout_s)
-        else:
-            out["concurrency_skipped"] = f"no tokenizer at {QWEN3}"
+        tok = load_tokenizer()  # the packaged Qwen3 tokenizer
+        await _levels(out, "bwrap", levels, root, tok, timeout_s)
+        if ok and docker_levels:
+            await _levels(out, "docker", docker_levels, root, tok, timeout_s)
     return out
 
 

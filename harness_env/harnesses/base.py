@@ -21,7 +21,6 @@ import json
 import pathlib
 import pkgutil
 import shutil
-from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol
 
 from harness_env.harnesses.install import NpmPackage, bin_path, ensure_installed, install_dir
@@ -239,6 +238,3 @@ def harness_names() -> list[str]:
     _load_builtin()
     return sorted(REGISTRY)
 
-
-def all_harnesses(names: Iterable[str] | None = None) -> list[Harness]:
-    return [get_harness(n) for n in (names or harness_names())]

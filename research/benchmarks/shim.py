@@ -46,7 +46,6 @@ from research.serving.api import GenerateRequest, SamplingParams
 from research.serving.replay import ReplayEngine
 from research.shim.testing import running_shim
 
-DEFAULT_TOKENIZER = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "qwen3"
 TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"does thing number {i}",
                                            "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}}}}
          for i in range(8)]
@@ -256,7 +255,7 @@ async def _bare_run(events: list[bytes], concurrent: int, base_text: str, spec: 
 
 def run(sessions: int = 3, turns: int = 20, prompt_tokens: int = 20000, concurrent: int = 64,
         calls_per_session: int = 8, long_turns: int = 8, fsync: bool = True, tokenizer: str | None = None) -> dict:
-    tok = load_tokenizer(tokenizer or DEFAULT_TOKENIZER)
+    tok = load_tokenizer(tokenizer)
     reply = tok.encode(REPLY) + [tok.eos_token_id]
     engine = ReplayEngine(lambda req: reply, tok, chunk_size=4)
     # ReplayEngine keeps every request for tests to inspect; here that would be every 20k-token prompt
