@@ -260,7 +260,9 @@ def test_build_with_a_tokenizer_takes_its_stop_ids(qwen3_tokenizer_dir):
     """No --eos_token_ids: the server stops on the tokenizer's end-of-turn ids (Qwen3: <|im_end|>, <|endoftext|>)."""
     from research.models.tokenizer import load_tokenizer
 
-    engine, server = build("tiny_moe", vocab_size=151936, tokenizer=str(qwen3_tokenizer_dir))
+    # no warm-up: only the stop ids are checked (compiling the 152k-vocab blocks costs a minute on 2 cores)
+    engine, server = build("tiny_moe", vocab_size=151936, tokenizer=str(qwen3_tokenizer_dir),
+                           engine_config=EngineConfig(warmup=False))
     try:
         assert server.eos == load_tokenizer(qwen3_tokenizer_dir).stop_token_ids == (151645, 151643)
     finally:
