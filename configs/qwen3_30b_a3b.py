@@ -120,16 +120,19 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
     config.algo = "grpo"
     # one row of CONTEXT tokens per device; engine.max_len = the serving context (SGLang: --context-length)
     config.train.update(steps=300, batch_rows=_RL_ROWS[target], row_len=CONTEXT,
-                        logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1)
+                        logprob_chunk=base.train.logprob_chunk, loss_slots=4096, num_microbatches=1,
+                        epochs=1, minibatches=1)  # one row per device: a batch is one optimizer step
     config.engine.update(max_len=CONTEXT)
     config.train.batch_axes = ("data", "fsdp", "expert")
     config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0,
-                     kl_coef=0.0, kl_estimator="k3", ref_checkpoint="")  # ref "": the init_checkpoint params
+                     kl_coef=0.0, kl_estimator="k3", ref_checkpoint="",  # ref "": the init_checkpoint params
+                     filter_groups=True)
     config.tasks.update(source="dir", train_dir="", eval_dir="")
     config.rollout.update(mode="async", max_off_policy_steps=1, lookahead=1, harnesses="claude_code:1,openclaw:1",
                           groups_per_step=16, group_size=8, backend=rollout_backend, concurrency=128,
                           timeout_s=1800, max_turns=50, sandbox_cpus=2.0, sandbox_memory_mb=4096,
-                          max_new_tokens=8192, enable_thinking=True, temperature=1.0, progress=True)
+                          max_new_tokens=8192, enable_thinking=True, temperature=1.0, progress=True,
+                          max_extra_rounds=0)
     config.sft.update(steps=0)
     config.eval.update(every=20, sft_every=0, num_tasks=64, at_start=True, after_sft=False)
     config.checkpoint.update(every=10, keep=3)

@@ -30,10 +30,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from harness_env.harnesses.base import Harness, HarnessError, SessionContext, get_harness
+from harness_env.harnesses.base import Harness, HarnessError, SessionContext, WebContext, get_harness
 from harness_env.sandbox import disk
 from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError, SandboxSpec, get_backend
 from harness_env.tasks.loader import RewardError, Task, TaskError, grade, load_task
+from harness_env.web import env as webenv
 from research.capture import CaptureLog, RolloutResult, read_log
 
 RETRYABLE = "infra_error"  # the one status a resumed run tries again
@@ -198,6 +199,8 @@ class Runner:
         lim = self.cfg.limits
         caps = [disk.DiskCap(rdir / "workspace", lim.workspace_mb, self.cfg.disk_mode),
                 disk.DiskCap(rdir / "home", lim.home_mb, self.cfg.disk_mode)]
+        if task.web is not None:  # the app's state and socket dir: capped too (the agent can make the app write)
+            caps.append(disk.DiskCap(rdir / "webenv", int(task.web.state_mb), self.cfg.disk_mode))
         try:
             try:
                 for c in caps:
@@ -220,6 +223,13 @@ class Runner:
                        caps: list[disk.DiskCap]) -> RolloutResult:
         workspace, home = caps[0].path, caps[1].path
         timings, meta = base["timings"], base["meta"]
+        web = task.web is not None
+        why = harness.supports(web)
+        if why is not None:
+            return RolloutResult(**base, status="harness_error", message=why)
+        if web and not self.backend.supports_web:
+            return RolloutResult(**base, status="task_error", message=f"web tasks do not run on the "
+                                 f"{self.cfg.backend} backend (bwrap or docker)")
         try:
             session = await self.gateway.open_session(spec.rollout_id, spec.group_id, harness.name,
                                                       meta={"task_id": task.task_id, "sample": spec.sample})
@@ -230,16 +240,19 @@ class Runner:
         ctx = SessionContext(base_url=f"http://127.0.0.1:{self.cfg.shim_port}{path}", api_key=session.api_key,
                              model=self.cfg.model, home=HOME, workspace=task.workspace_dir,
                              max_turns=self.cfg.max_turns,
-                             context_window=getattr(getattr(self.gateway, "engine", None), "max_context", 32768))
-        session_open, sbx = True, None
+                             context_window=getattr(getattr(self.gateway, "engine", None), "max_context", 32768),
+                             web=_web_context(task))
+        session_open, sbx, app = True, None, None
         try:
             try:
                 await harness.prepare(home, ctx)
             except (HarnessError, OSError) as e:
                 return RolloutResult(**base, status="harness_error", message=f"prepare: {e}")
+            if web:
+                app = await self._start_app(spec, task, caps[2].path, timings)
             t = time.monotonic()
             try:
-                sbx = await self.backend.create(self._sandbox_spec(spec, task, harness, workspace, home))
+                sbx = await self.backend.create(self._sandbox_spec(spec, task, harness, workspace, home, app))
             except SandboxError as e:
                 raise _Infra(str(e)) from e
             timings["sandbox_start_s"] = time.monotonic() - t
@@ -257,17 +270,44 @@ class Runner:
             except SandboxError as e:
                 raise _Infra(str(e)) from e
             await sbx.close()
+            extra = {}
+            if app is not None:  # only now, with no agent process left, the app stops and its state is read
+                await app.stop()
+                extra[webenv.STATE_DIRNAME] = await asyncio.to_thread(
+                    app.collect, self._rollout_dir(spec) / webenv.STATE_DIRNAME)
+                meta["web"] = await asyncio.to_thread(webenv.summarize, extra[webenv.STATE_DIRNAME])
             await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
             meta["inputs_changed"] = await asyncio.to_thread(task.changed_inputs, workspace)
+            if web:
+                meta.setdefault("web", {}).update(await asyncio.to_thread(_browser_summary, self._rollout_dir(spec)))
             if res is None or res.disk_exceeded or await _over(caps):
                 raise _DiskLimit(await asyncio.to_thread(_disk_message, caps, res))
-            return await self._judge(spec, task, harness, res, base, caps)
+            return await self._judge(spec, task, harness, res, base, caps, extra)
         finally:
             if sbx is not None:
                 await sbx.close()
+            if app is not None:
+                await app.stop()
             if session_open:
                 with contextlib.suppress(Exception):  # already closed, or the shim is gone
                     await self.gateway.close_session(session.session_id)
+
+    async def _start_app(self, spec: RolloutSpec, task: Task, host_dir: pathlib.Path, timings: dict):
+        """The task's web app in its own sandbox (harness_env/web/env.py), answering before the agent starts.
+        An app that exits is the task's fault (task_error); one that never answers, infrastructure (retried)."""
+        t = time.monotonic()
+        try:
+            app = await webenv.start(self.backend, task.web, host_dir, name=f"{spec.rollout_id}-app",
+                                     wall_s=self.cfg.timeout_s + self.cfg.reward_timeout_s + 120,
+                                     labels={"harness-rl.rollout": spec.rollout_id})
+        except webenv.WebEnvError as e:
+            if "exited" in str(e):
+                raise TaskError(f"{task.root}: {e}") from e
+            raise _Infra(str(e)) from e
+        except SandboxError as e:
+            raise _Infra(f"starting the web app: {e}") from e
+        timings["app_start_s"] = time.monotonic() - t
+        return app
 
     async def _watched(self, coro, caps: list[disk.DiskCap]):
         """Awaits the harness exec, polling the disk caps; over a cap the exec is cancelled (which kills its
@@ -290,12 +330,13 @@ class Runner:
             raise
 
     def _sandbox_spec(self, spec: RolloutSpec, task: Task, harness: Harness, workspace: pathlib.Path,
-                      home: pathlib.Path) -> SandboxSpec:
+                      home: pathlib.Path, app=None) -> SandboxSpec:  # noqa: ANN001 - webenv.RunningEnv
         sock = self.gateway.unix_socket
         return SandboxSpec(workspace=workspace, home=home, limits=self.cfg.limits, name=spec.rollout_id,
-                           mounts=[Mount(str(p), str(p)) for p in harness.mounts()],
+                           mounts=[Mount(str(p), str(p)) for p in harness.mounts(web=app is not None)],
                            shim_socket=pathlib.Path(sock) if sock else None, shim_port=self.cfg.shim_port,
-                           labels={"harness-rl.rollout": spec.rollout_id}, workspace_dir=task.workspace_dir)
+                           labels={"harness-rl.rollout": spec.rollout_id}, workspace_dir=task.workspace_dir,
+                           app_ports={app.web.port: app.socket} if app is not None else {})
 
     def verifier_spec(self, spec: RolloutSpec, task: Task, workspace: pathlib.Path) -> SandboxSpec:
         """The grader's sandbox: the workspace and nothing else of the rollout (fresh HOME, no shim, no mounts)."""
@@ -305,7 +346,7 @@ class Runner:
                            workspace_dir=task.workspace_dir)
 
     async def _judge(self, spec: RolloutSpec, task: Task, harness: Harness, res, base: dict,
-                     caps: list[disk.DiskCap]) -> RolloutResult:
+                     caps: list[disk.DiskCap], extra: dict | None = None) -> RolloutResult:
         """The harness has exited and nothing of it runs: timeout / harness_error / reward_error / ok."""
         if res.timed_out:
             return RolloutResult(**base, status="timeout", message=f"harness ran past {self.cfg.timeout_s:.0f}s")
@@ -324,7 +365,7 @@ class Runner:
             raise _Infra(f"starting the verifier: {e}") from e
         try:
             reward, subs = await grade(vsbx, task, outcome.final_message, _transcript(task, outcome),
-                                       timeout=self.cfg.reward_timeout_s)
+                                       timeout=self.cfg.reward_timeout_s, extra=extra)
         except RewardError as e:
             return RolloutResult(**base, status="reward_error", message=str(e))
         except (SandboxError, OSError) as e:
@@ -346,11 +387,27 @@ async def _over(caps: list[disk.DiskCap]) -> bool:
 
 
 def _disk_message(caps: list[disk.DiskCap], res) -> str:
-    names = ("workspace", "HOME")
+    names = ("workspace", "HOME", "web app state")[: len(caps)]
     hit = [f"{n}: {c.describe()}" for n, c in zip(names, caps, strict=True) if c.exceeded()]
     if res is not None and res.disk_exceeded:
         hit.append(res.stderr.strip()[:300])
     return "disk cap exceeded: " + ("; ".join(hit) or "(the sandbox reported it)")
+
+
+def _web_context(task: Task) -> WebContext | None:
+    if task.web is None:
+        return None
+    from harness_env.web import browser
+
+    return WebContext(start_url=task.web.start_url, origins=(task.web.origin,),
+                      screenshots_dir=f"{HOME}/{browser.SCREENSHOTS}", steps_log=f"{HOME}/{browser.STEPS_LOG}")
+
+
+def _browser_summary(rdir: pathlib.Path) -> dict:
+    """Screenshots kept and browser steps logged (harness_env/web/browser.py) of a web rollout."""
+    from harness_env.web import browser
+
+    return browser.summarize_steps(rdir / "logs")
 
 
 def _clear(rdir: pathlib.Path) -> None:

@@ -4,8 +4,10 @@
   python -m launch.eval --tasks=family:heldout --harness=reference,claude_code --k=4 --endpoint=jax
   python -m launch.eval --tasks=/path/to/clawgym_tasks --harness=codex --k=2 --endpoint=sglang:http://gpu:30000
   python -m launch.eval --tasks=../shared/clawgym/train --limit=20 --seed=1 --harness=openclaw --endpoint=jax
+  python -m launch.eval --tasks=web:heldout --harness=claude_code,codex,browser_use --k=2 --endpoint=oracle
 
---tasks: a ClawGym task dir, `library` (ours), or `family:train|heldout|all[:N]` (the make_file family);
+--tasks: a ClawGym task dir, `library` (ours), `family:train|heldout|all[:N]` (the make_file family), or
+  `web:train|heldout|all[:N]` (the web task family: a browser harness, a web app per task);
   --split keeps the seeded train/held-out part of a dir (the RL loop's split, same seed and fraction),
   --limit draws a seeded random sample of that many tasks.
 --endpoint: where the policy runs; the shim always sits in front (every call is captured):
@@ -28,7 +30,7 @@ from harness_env.eval.run import build_engine, evaluate, task_dirs
 from harness_env.runner import RunnerConfig
 from harness_env.sandbox import Limits
 
-_TASKS = flags.DEFINE_string("tasks", "library", "task dir | library | family:SPLIT[:N]")
+_TASKS = flags.DEFINE_string("tasks", "library", "task dir | library | family:SPLIT[:N] | web:SPLIT[:N]")
 _SPLIT = flags.DEFINE_enum("split", None, ["all", "train", "heldout"], "part of the seeded train/held-out split")
 _LIMIT = flags.DEFINE_integer("limit", None, "evaluate a seeded random sample of this many tasks")
 _SEED = flags.DEFINE_integer("seed", 0, "seed of the task sample and of the train/held-out split")
@@ -64,7 +66,7 @@ def main(argv):
     except ValueError as e:  # TaskError: unknown split, no such dir
         raise app.UsageError(str(e)) from e
     try:
-        engine = build_engine(_ENDPOINT.value, tok, max_len=_MAX_LEN.value)
+        engine = build_engine(_ENDPOINT.value, tok, max_len=_MAX_LEN.value, tasks=tasks)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     doc = asyncio.run(evaluate(tasks=tasks, harnesses=_HARNESS.value, k=_K.value, engine=engine, tok=tok, out=out,

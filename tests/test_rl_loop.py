@@ -96,14 +96,18 @@ def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
 
 
 @pytest.mark.timeout(600)
-def test_sft_warm_start_then_ppo(tmp_path, parity_tasks):
+def test_sft_warm_start_then_ppo(tmp_path, parity_tasks, monkeypatch):
     """SFT on demonstrations captured through the harness by the expert engine, then 3 PPO steps (value head)."""
+    from harness_env.rl import experts
     from harness_env.rl.loop import train
 
+    # an expert of the parity tasks (an even-length final answer): the RL phase's random policy then gets
+    # rewards that vary, so the value head has returns to fit
+    monkeypatch.setitem(experts.EXPERTS, "even_answer", lambda prompt: "done")
     cfg = _config(tmp_path, parity_tasks, algo="ppo")
-    cfg.tasks.update(source="make_file")  # the expert knows the make_file family
-    cfg.rollout.update(max_turns=2)  # the expert's tool call + its final answer
-    cfg.sft.update(steps=2, num_demos=2, groups_per_step=2)
+    cfg.rollout.update(max_turns=2)
+    cfg.checkpoint.update(keep=10)  # the test reads the checkpoint after SFT
+    cfg.sft.update(steps=2, num_demos=2, groups_per_step=2, expert="even_answer")
     cfg.eval.update(sft_every=1, num_tasks=1)  # a held-out eval after SFT step 1 (not after the last one)
     cfg.train.update(steps=3)
     wd = tmp_path / "run"

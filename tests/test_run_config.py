@@ -59,7 +59,11 @@ def test_invariants_fail_at_start_with_a_message(path, value, msg):
 def test_mesh_and_rows_are_checked_against_the_devices():
     cfg = _cfg()
     cfg.mesh.update(data=-1, fsdp=1)
+    cfg.train.update(minibatches=1)
     assert RunConfig.of(cfg, num_devices=8)
+    cfg.train.update(minibatches=2)
+    with pytest.raises(RunConfigError, match="not divisible by minibatches"):
+        RunConfig.of(cfg, num_devices=8)  # 8 rows: 2 minibatches of 4 rows cannot span data=8
     cfg.train.update(minibatches=3)
     with pytest.raises(RunConfigError, match="not divisible by minibatches"):
         RunConfig.of(cfg, num_devices=1)
@@ -72,9 +76,11 @@ def test_mesh_and_rows_are_checked_against_the_devices():
 
 
 def test_real_scale_configs_are_consistent():
-    for module, devices in ((qwen3_30b_a3b_gpu, 8), (qwen3_30b_a3b_tpu, 16)):
+    for module, devices in ((qwen3_30b_a3b_gpu, 16), (qwen3_30b_a3b_tpu, 32)):
         run = RunConfig.of(module.get_config(), num_devices=devices)
-        assert run.train.row_len >= run.engine.max_len >= 32768
+        assert run.train.row_len >= run.engine.max_len >= 16384  # a real harness's rollout path fits one row
+        with pytest.raises(RunConfigError, match=f"needs {devices} devices"):
+            RunConfig.of(module.get_config(), num_devices=devices // 2)
 
 
 def test_unknown_harness_is_named_before_any_sandbox_starts(tmp_path):

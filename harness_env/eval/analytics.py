@@ -6,7 +6,10 @@ tokenizer, i.e. exactly what the model saw and said in Qwen3's format: tool call
 `<tool_call>{json}</tool_call>` in a completion, their results `<tool_response>...</tool_response>`
 after the assistant turn in the next prompt, the offered tools a `<tools>` block in the system turn.
 Tool names differ per harness (Bash / bash / shell / exec_command ...), so calls are mapped onto kinds
-(shell commands by what they run) before counting.
+(shell commands by what they run) before counting. Browser tools (`*browser_click`, ...; browser-use's
+JSON actions) are `browse`, page reads (`*browser_snapshot`) `inspect`. Web rollouts also carry what the
+app saw and what the browser did (`meta["web"]`: harness_env/web/env.summarize, browser.summarize_steps),
+aggregated by `web_aggregate`: pages visited, actions, failed actions and recovery after them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ WRITE_TOOLS = {"write_file", "write", "edit", "multiedit", "str_replace", "str_r
                "create_file", "patch", "notebookedit"}
 READ_TOOLS = {"read_file", "read", "view", "glob", "grep", "ls", "list", "list_dir", "search", "find"}
 FINISH_TOOLS = {"finish", "attempt_completion", "task_complete", "done"}
-KINDS = ("write", "inspect", "run", "shell_other", "finish", "other")
+KINDS = ("write", "inspect", "run", "shell_other", "finish", "browse", "other")
+BROWSER_READS = ("snapshot", "take_screenshot", "console_messages", "network_requests", "network_request", "tabs")
 
 _WRITE_CMD = re.compile(r"(?<![0-9&])>(?!&)|\bsed\s+-i|\btee\b|\bmv\b|\bcp\b|\brm\b|\bmkdir\b|\btouch\b|\bchmod\b")
 _RUN_CMD = re.compile(r"^\s*(python3?|pytest|node|npm|make|bash|sh|\./|go\s+(test|run)|cargo)\b")
@@ -91,6 +95,8 @@ def classify(name: str, args: dict) -> tuple[str, str]:
     cmd = str(cmd)
     if low in FINISH_TOOLS:
         return "finish", ""
+    if "browser_" in low:
+        return ("inspect" if low.rsplit("browser_", 1)[1] in BROWSER_READS else "browse"), ""
     if low in WRITE_TOOLS:
         return "write", ""
     if low in READ_TOOLS:
@@ -104,6 +110,21 @@ def classify(name: str, args: dict) -> tuple[str, str]:
             return "inspect", cmd
         return "shell_other", cmd
     return "other", ""
+
+
+def browser_use_actions(completion: str) -> list[tuple[str, dict]]:
+    """browser-use answers with a JSON object whose `action` list holds {name: params}; done is a finish."""
+    try:
+        obj = json.loads(completion.replace("<|im_end|>", "").strip())
+    except ValueError:
+        return []
+    acts = obj.get("action") if isinstance(obj, dict) else None
+    out = []
+    for a in acts if isinstance(acts, list) else []:
+        if isinstance(a, dict) and len(a) == 1:
+            (name, params), = a.items()
+            out.append((str(name), params if isinstance(params, dict) else {}))
+    return out
 
 
 def tool_ok(output: str) -> bool:
@@ -155,6 +176,8 @@ def analyze_texts(rollout_id: str, harness: str, calls: Sequence[tuple[str, str]
     tools: list[ToolUse] = []
     for i, (_, completion) in enumerate(calls):
         uses = [ToolUse(n, *classify(n, a)) for n, a in parse_tool_calls(completion)]
+        if not uses:  # browser-use: JSON actions instead of tool calls
+            uses = [ToolUse(n, "finish" if n == "done" else "browse") for n, _ in browser_use_actions(completion)]
         if i + 1 < len(calls):
             for use, out in zip(uses, tool_responses(calls[i + 1][0])):
                 use.ok = tool_ok(out)
@@ -193,3 +216,26 @@ def aggregate(bs: Sequence[Behaviour]) -> dict:
         "error_recovery_rate": (sum(b.recovered for b in errs) / len(errs)) if errs else None,
         "tool_coverage_mean": (sum(cov) / len(cov)) if cov else None,
     }
+
+
+WEB_MEANS = ("pages_visited", "page_views", "actions", "failed_actions", "browser_steps", "browser_failed_steps",
+             "screenshots", "urls_visited")
+
+
+def web_aggregate(results: Sequence) -> dict:
+    """Means over web rollouts (RolloutResult.meta["web"]) of what the app logged and the browser did; recovery
+    rates among rollouts with a failed action (the app rejected a post / a browser step errored)."""
+    ws = [r.meta["web"] for r in results if isinstance(getattr(r, "meta", None), dict) and
+          isinstance(r.meta.get("web"), dict)]
+    if not ws:
+        return {"rollouts": 0}
+    out: dict = {"rollouts": len(ws)}
+    for key in WEB_MEANS:
+        vals = [w[key] for w in ws if isinstance(w.get(key), int | float)]
+        out[f"{key}_mean"] = sum(vals) / len(vals) if vals else None
+    for key, flag in (("recovered", "failed_actions"), ("browser_recovered", "browser_failed_steps")):
+        had = [w for w in ws if (w.get(flag) or 0) > 0]
+        out[f"{key.replace('recovered', 'recovery')}_rate"] = (sum(bool(w.get(key)) for w in had) / len(had)
+                                                                  if had else None)
+        out[f"{flag}_rollout_rate"] = len(had) / len(ws)
+    return out

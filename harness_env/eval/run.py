@@ -25,12 +25,21 @@ def task_dirs(spec: str, scratch: pathlib.Path, *, split: str | None = None, lim
     return select_tasks(source, seed=seed, heldout_fraction=heldout_fraction, scratch=scratch, **kw)
 
 
-def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | None = None):  # noqa: ANN001
+def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | None = None,  # noqa: ANN001
+                 tasks: list[pathlib.Path] | None = None):
     """The engine for an endpoint spec (research/serving/factory.py), plus `oracle`: a scripted engine that
-    solves the make_file family (pipeline check)."""
+    solves the make_file family and the web tasks among `tasks` (their solution/plan.json, through whichever
+    browser harness runs them: harness_env/web/policy.py) - a pipeline check."""
+    from harness_env.web.policy import WebOracle
     from research.serving.factory import build_engine as build
 
-    return build(endpoint, tok, max_len=max_len, max_context=max_context, scripts={"oracle": family.oracle_reply})
+    web = WebOracle(tasks or [])
+
+    def oracle(prompt: str) -> str:
+        out = web.reply(prompt)
+        return out if out is not None else family.oracle_reply(prompt)
+
+    return build(endpoint, tok, max_len=max_len, max_context=max_context, scripts={"oracle": oracle})
 
 
 async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, engine, tok, out: pathlib.Path,
@@ -56,5 +65,9 @@ async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, e
     rows = metrics.table(results, ks, threshold)
     bs = analytics.behaviours(read_log(out / "capture.jsonl"), tok)
     behaviour = {h: analytics.aggregate([b for b in bs if b.harness == h]) for h in sorted({b.harness for b in bs})}
+    for h in sorted({r.harness for r in results}):
+        web = analytics.web_aggregate([r for r in results if r.harness == h])
+        if web["rollouts"]:
+            behaviour.setdefault(h, {})["web"] = web
     paths = report.write_report(out, rows, ks, behaviour, {"harnesses": harnesses, "tasks": len(tasks)})
     return {"rows": rows, "behaviour": behaviour, "paths": paths}

@@ -27,10 +27,22 @@ from harness_env.harnesses.install import NpmPackage, bin_path, ensure_installed
 
 # Wire APIs a harness speaks (the names research/capture.CallRecord.api uses).
 APIS = ("anthropic_messages", "openai_responses", "openai_chat")
+# Kept with every rollout that drove a browser (harness_env/web/browser.py): one PNG per step, the step log.
+WEB_LOG_GLOBS = (".hrl/screenshots/*.png", ".hrl/browser_steps.jsonl")
 
 
 class HarnessError(RuntimeError):
     """A harness cannot be configured or its output cannot be read; the message says which harness."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WebContext:
+    """A web task's browser setup, as seen inside the sandbox: where the app is, where screenshots go."""
+
+    start_url: str  # e.g. http://127.0.0.1:8000/
+    origins: tuple[str, ...]  # the app origins the browser may load
+    screenshots_dir: str  # one PNG per browser step (kept with the rollout: Harness.save_logs)
+    steps_log: str  # one JSON line per browser step (tool, arguments, ok, url): behaviour analytics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +60,7 @@ class SessionContext:
     workspace: str = "/workspace"
     max_turns: int = 30
     context_window: int = 32768  # the policy's context (tokens): harnesses that plan compaction need it
+    web: WebContext | None = None  # set on web tasks: the harness attaches its browser tools
 
     @property
     def openai_base_url(self) -> str:
@@ -121,19 +134,43 @@ class Harness(abc.ABC):
     shell_tool: ClassVar[str] = "bash"
     # Files under HOME worth keeping with the rollout (transcripts, session logs).
     log_globs: ClassVar[tuple[str, ...]] = ()
+    # Browser: "none" (CLI tasks only), "mcp" (its own tools, plus a browser through @playwright/mcp on web
+    # tasks: harness_env/web/browser.py), "only" (a browser agent: web tasks only).
+    browser: ClassVar[str] = "none"
+    extra_packages: ClassVar[tuple[NpmPackage, ...]] = ()  # installed beside `package` (the MCP browser server)
+
+    def supports(self, web: bool) -> str | None:
+        """None if this harness can run a (web / CLI) task, else why not (the rollout is a harness_error)."""
+        if web and self.browser == "none":
+            return f"{self.name} has no browser tools: it cannot run web tasks"
+        if not web and self.browser == "only":
+            return f"{self.name} is a browser agent: it runs web tasks only"
+        return None
 
     # ---- installation -------------------------------------------------------------------------
     def npm_packages(self) -> list[NpmPackage]:
-        return [p for p in (self.node, self.package) if p is not None]
+        return [p for p in (self.node, self.package, *self.extra_packages) if p is not None]
+
+    def py_packages(self) -> list:
+        """Pinned PyPI packages (install.PyPackage), each in its own venv (browser-use)."""
+        return []
 
     async def install(self) -> None:
         """Idempotent: installs the pinned packages into the shared cache (fast when present)."""
         if self.package is not None:
             await ensure_installed(self.package, node=self.node)
+        for pkg in self.extra_packages:
+            await ensure_installed(pkg)
 
-    def mounts(self) -> list[pathlib.Path]:
-        """Host paths the sandbox must bind read-only at the same path (install prefixes)."""
-        return [install_dir(p) for p in self.npm_packages()]
+    def mounts(self, web: bool = False) -> list[pathlib.Path]:
+        """Host paths the sandbox must bind read-only at the same path (install prefixes; on web tasks also
+        the browser tooling of harness_env/web)."""
+        paths = [install_dir(p) for p in (self.node, self.package) if p is not None]
+        if web and self.browser != "none":
+            from harness_env.web import browser
+
+            paths += [install_dir(p) for p in self.extra_packages] + browser.mounts()
+        return paths
 
     def executable(self) -> str:
         if self.package is None:
@@ -184,7 +221,7 @@ class Harness(abc.ABC):
                 (dest / f"{stream}.txt").write_text(as_text(getattr(result, stream, "")))
                 kept.append(f"{stream}.txt")
         real_home = host_home.resolve()
-        for pattern in self.log_globs:
+        for pattern in (*self.log_globs, *WEB_LOG_GLOBS):
             for src in sorted(host_home.glob(pattern)):
                 # HOME is the agent's: keep only regular files really inside it (no link to a host file,
                 # no FIFO that would block the copy, no file reached through a linked directory).
@@ -213,7 +250,7 @@ def register(cls: type[Harness]) -> type[Harness]:
     return cls
 
 
-BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw")
+BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw", "browser_use")
 # Modules of this package that are infrastructure, not adapters.
 _NOT_ADAPTERS = {"base", "install", "local", "mock_endpoint", "scripted", "reference_agent"}
 

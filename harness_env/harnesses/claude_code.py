@@ -5,9 +5,15 @@ vendor hosts at start; with them off it talks only to ANTHROPIC_BASE_URL. As roo
 `bypassPermissions` unless IS_SANDBOX=1, which is true here: it always runs inside our sandbox.
 Output: one JSON object `{"type": "result", "subtype": "success" | "error_max_turns" | ...,
 "is_error", "num_turns", "result", "session_id", ...}` on stdout.
+
+Web tasks: the browser is the `@playwright/mcp` server (harness_env/web/browser.py) given by
+`--mcp-config` (+ `--strict-mcp-config`: no other MCP server from anywhere), its tools appearing as
+`mcp__playwright__browser_*` beside Claude Code's own (listed with their schemas: ENABLE_TOOL_SEARCH=false).
 """
 
 from __future__ import annotations
+
+import json
 
 from harness_env.harnesses.base import (
     ExecResultLike,
@@ -20,6 +26,7 @@ from harness_env.harnesses.base import (
     tail,
 )
 from harness_env.harnesses.install import NpmPackage
+from harness_env.web import browser as web_browser
 
 
 @register
@@ -30,6 +37,17 @@ class ClaudeCode(Harness):
     shell_tool = "Bash"
     log_globs = (".claude/projects/**/*.jsonl",)
     max_retries = 2  # it retries 5xx/429 ~11 times with backoff by default: too slow for a failing rollout
+    browser = "mcp"
+    extra_packages = (web_browser.PLAYWRIGHT_MCP,)
+    mcp_config_file = ".hrl/claude-mcp.json"
+
+    async def prepare(self, host_home, ctx: SessionContext) -> None:  # noqa: ANN001 - pathlib.Path
+        await super().prepare(host_home, ctx)
+        if ctx.web is not None:
+            web_browser.write_mcp_config(host_home, ctx)
+            command, args = web_browser.mcp_server(ctx)
+            servers = {web_browser.MCP_SERVER_NAME: {"type": "stdio", "command": command, "args": args, "env": {}}}
+            (host_home / self.mcp_config_file).write_text(json.dumps({"mcpServers": servers}, indent=1))
 
     def env(self, ctx: SessionContext) -> dict[str, str]:
         return {
@@ -48,12 +66,18 @@ class ClaudeCode(Harness):
             "DISABLE_BUG_COMMAND": "1",
             "CLAUDE_CODE_MAX_RETRIES": str(self.max_retries),
             "IS_SANDBOX": "1",
+            "MCP_TIMEOUT": "60000",  # ms to start the MCP server (a loaded 2-core machine)
+            "MCP_TOOL_TIMEOUT": "120000",
+            # MCP tools in the tool list with their schemas (not deferred behind ToolSearch): the policy
+            # sees the browser tools it can call, as with any other tool.
+            **({"ENABLE_TOOL_SEARCH": "false"} if ctx.web is not None else {}),
         }
 
     def argv(self, prompt: str, ctx: SessionContext) -> list[str]:
+        mcp = ["--mcp-config", f"{ctx.home}/{self.mcp_config_file}", "--strict-mcp-config"] if ctx.web else []
         return [
             self.executable(), "-p", prompt, "--output-format", "json", "--model", ctx.model,
-            "--permission-mode", "bypassPermissions", "--max-turns", str(ctx.max_turns),
+            "--permission-mode", "bypassPermissions", "--max-turns", str(ctx.max_turns), *mcp,
         ]
 
     def parse_output(self, result: ExecResultLike) -> HarnessOutcome:

@@ -6,6 +6,9 @@ ours, so it runs with `--dangerously-bypass-approvals-and-sandbox` (our sandbox 
 CODEX_HOME must not live in the system temp dir (it then refuses its helper binaries), so it is
 `$HOME/.codex`. Output: JSON lines `thread.started`, `turn.started`, `item.started/completed`
 (`agent_message`, `command_execution`, ...), `turn.completed` | `turn.failed`, `error`.
+
+Web tasks: the browser is the `@playwright/mcp` server (harness_env/web/browser.py) as an
+`[mcp_servers.playwright]` entry of config.toml.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from harness_env.harnesses.base import (
     tail,
 )
 from harness_env.harnesses.install import NpmPackage
+from harness_env.web import browser as web_browser
 
 PROVIDER = "harness_rl"
 KEY_ENV = "HARNESS_RL_API_KEY"
@@ -41,6 +45,8 @@ class Codex(Harness):
     shell_tool = "exec_command"
     log_globs = (".codex/sessions/**/*.jsonl",)
     max_retries = 2
+    browser = "mcp"
+    extra_packages = (web_browser.PLAYWRIGHT_MCP,)
 
     def config_toml(self, ctx: SessionContext) -> str:
         q = _toml_str
@@ -67,13 +73,25 @@ class Codex(Harness):
             "[features]",
             "plugins = false",
             "",
+            *self.mcp_toml(ctx),
         ])
+
+    def mcp_toml(self, ctx: SessionContext) -> list[str]:
+        if ctx.web is None:
+            return []
+        command, args = web_browser.mcp_server(ctx)
+        return [f"[mcp_servers.{web_browser.MCP_SERVER_NAME}]", f"command = {_toml_str(command)}",
+                "args = [" + ", ".join(_toml_str(a) for a in args) + "]", "startup_timeout_sec = 60",
+                "required = true",  # its tools are in the very first request (else they come a turn late)
+                "tool_timeout_sec = 120", ""]
 
     async def prepare(self, host_home: pathlib.Path, ctx: SessionContext) -> None:
         await super().prepare(host_home, ctx)
         codex_home = host_home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         (codex_home / "config.toml").write_text(self.config_toml(ctx))
+        if ctx.web is not None:
+            web_browser.write_mcp_config(host_home, ctx)
 
     def env(self, ctx: SessionContext) -> dict[str, str]:
         return {**super().env(ctx), "CODEX_HOME": f"{ctx.home}/.codex", KEY_ENV: ctx.api_key,

@@ -6,7 +6,9 @@ lives in its own `<root>/<name>@<version>` prefix, built in a temp dir and renam
 crashed install never leaves a half-populated prefix that later runs would trust. A file lock makes
 concurrent installers (parallel tests, several rollouts) wait for one another instead of racing.
 
-    python -m harness_env.harnesses claude_code codex    # no names: all npm harnesses
+    python -m harness_env.harnesses claude_code codex    # no names: all npm and PyPI harnesses
+
+PyPI harnesses (browser-use) get the same treatment with a venv per pinned package (PyPackage).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 
 DEFAULT_ROOT = pathlib.Path("/opt/harness-rl/npm")
+DEFAULT_PY_ROOT = pathlib.Path("/opt/harness-rl/pypi")  # PyPI harnesses: one venv each (PyPackage)
 MARKER = ".harness-rl-installed"
 
 
@@ -72,7 +75,8 @@ async def _run_npm(prefix: pathlib.Path, spec: str, timeout_s: float, node_dir: 
     if node_dir is not None:  # packages whose install scripts check the Node version (OpenClaw)
         env["PATH"] = f"{node_dir}:{env.get('PATH', '')}"
     env = {**env, "npm_config_update_notifier": "false", "npm_config_fund": "false",
-           "npm_config_audit": "false", "npm_config_loglevel": "error"}
+           "npm_config_audit": "false", "npm_config_loglevel": "error",
+           "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}  # @playwright/mcp: the system chromium is used
     proc = await asyncio.create_subprocess_exec(
         "npm", "install", "--prefix", str(prefix), "--no-save", "--omit=dev", spec,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -122,16 +126,101 @@ async def ensure_installed(pkg: NpmPackage, *, root: pathlib.Path | None = None,
     return final / pkg.bin
 
 
+@dataclasses.dataclass(frozen=True)
+class PyPackage:
+    """One pinned PyPI package installed into its own venv over the system Python (/usr/bin/python3), so it
+    runs inside the sandbox (which sees the host's /usr, not this process's Python) and its pins never meet
+    the project's own dependencies."""
+
+    name: str
+    version: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def py_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("HARNESS_RL_PYPI_ROOT", str(DEFAULT_PY_ROOT)))
+
+
+def py_dir(pkg: PyPackage, root: pathlib.Path | None = None) -> pathlib.Path:
+    return (root or py_root()) / pkg.dirname
+
+
+def py_installed(pkg: PyPackage, root: pathlib.Path | None = None) -> bool:
+    return (py_dir(pkg, root) / MARKER).exists()
+
+
+async def _run(argv: list[str], timeout_s: float, what: str) -> None:
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise InstallError(f"{what} did not finish within {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        raise InstallError(f"{what} exited {proc.returncode}:\n{out.decode(errors='replace')[-2000:]}")
+
+
+async def ensure_py_installed(pkg: PyPackage, *, root: pathlib.Path | None = None,
+                             timeout_s: float = 1800.0) -> pathlib.Path:
+    """A venv with `pkg` (built in a temp dir, renamed into place, under a lock); returns its python."""
+    root = root or py_root()
+    final = py_dir(pkg, root)
+    if py_installed(pkg, root):
+        return final / "bin" / "python"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{pkg.dirname}.lock", "w") as lock:
+        await asyncio.to_thread(fcntl.flock, lock.fileno(), fcntl.LOCK_EX)
+        try:
+            if py_installed(pkg, root):
+                return final / "bin" / "python"
+            tmp = root / f".{pkg.dirname}.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            t0 = time.monotonic()
+            try:
+                await _run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(tmp)], 120, f"venv for {pkg.spec}")
+                await _run([sys.executable, "-m", "pip", "--python", str(tmp / "bin" / "python"), "install", "-q",
+                            "--disable-pip-version-check", pkg.spec], timeout_s, f"pip install {pkg.spec}")
+                (tmp / MARKER).write_text(f"{pkg.spec} {time.monotonic() - t0:.1f}s\n")
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    return final / "bin" / "python"
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness_env.harnesses.base import get_harness, harness_names
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="harness names (default: all npm harnesses)")
     args = ap.parse_args(argv)
-    names = args.names or [n for n in harness_names() if get_harness(n).npm_packages()]
+    names = args.names or [n for n in harness_names() if get_harness(n).npm_packages() or get_harness(n).py_packages()]
     failed = 0
     for name in names:
         harness = get_harness(name)
+        for py in harness.py_packages():
+            t0 = time.monotonic()
+            try:
+                path = asyncio.run(ensure_py_installed(py))
+            except InstallError as e:
+                print(f"[install] {name}: {py.spec} FAILED: {e}", file=sys.stderr)
+                failed += 1
+                continue
+            print(f"[install] {name}: {py.spec} -> {path} ({time.monotonic() - t0:.1f} s)")
         for pkg in harness.npm_packages():
             t0 = time.monotonic()
             try:

@@ -55,9 +55,9 @@ def step_key(step: int) -> str:
 def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:  # noqa: ANN001
     """The task folders of `split` ("train" | "heldout") through the one task selection of harness_env
     (harness_env/tasks/select.py, also behind launch.eval). `config.tasks.source`: `make_file` (the family,
-    generated under root/tasks), `library`, `dir` (`train_dir` / `eval_dir` as given), or a folder of
-    ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash (`seed`, `heldout_fraction`);
-    `limit` > 0: a seeded sample of that many tasks per split."""
+    generated under root/tasks), `web` (the web family, under root/web_tasks), `library`, `dir` (`train_dir` /
+    `eval_dir` as given), or a folder of ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash
+    (`seed`, `heldout_fraction`); `limit` > 0: a seeded sample of that many tasks per split."""
     kw = dict(seed=tasks.seed, heldout_fraction=tasks.heldout_fraction, limit=tasks.limit or None, scratch=root)
     if tasks.source == "dir":
         return select_tasks(tasks.train_dir if split == "train" else tasks.eval_dir, **kw)
@@ -91,16 +91,25 @@ def plan_step(cfg, tasks: Sequence[pathlib.Path], step: int, tag: str = "train",
     function of (seed, step, round), so a resumed run replans exactly the same rollouts."""
     rng = random.Random(cfg.seed * 1_000_003 + step + 7_919 * round)
     hw = harness_weights(cfg)
-    names, weights = [n for n, _ in hw], [w for _, w in hw]
     specs = []
     picked = rng.sample(list(tasks), k=min(cfg.rollout.groups_per_step, len(tasks)))
     for i, t in enumerate(picked):
+        # only harnesses that can run the task (a browser agent runs web tasks only, a CLI without browser
+        # tools CLI tasks only: harnesses.base.Harness.supports); all of them if none can (a harness_error)
+        fit = [(n, w) for n, w in hw if _supports(n, pathlib.Path(t))] or hw
+        names, weights = [n for n, _ in fit], [w for _, w in fit]
         # every harness gets a share of groups (round robin) once there are at least as many groups
         h = names[i % len(names)] if cfg.rollout.groups_per_step >= len(names) and len(set(weights)) == 1 \
             else rng.choices(names, weights)[0]
         specs += [StepSpec(pathlib.Path(t), h, k, step=step, tag=tag, round=round)
                   for k in range(cfg.rollout.group_size)]
     return specs
+
+
+def _supports(harness: str, task_dir: pathlib.Path) -> bool:
+    from harness_env.harnesses import get_harness
+
+    return get_harness(harness).supports((task_dir / "env" / "env.json").is_file()) is None
 
 
 def groups_with_signal(results: Sequence[RolloutResult]) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 WORKSPACE = "/workspace"  # the default workspace path inside a sandbox (SandboxSpec.workspace_dir)
 HOME = "/home/agent"
 SHIM_SOCKET_IN = "/run/hrl/shim.sock"  # where the shim's Unix socket appears inside the sandbox
+APP_SOCKET_IN = "/run/hrl/app-{port}.sock"  # where a web app's Unix socket appears (SandboxSpec.app_ports)
 FORWARDER_IN = "/opt/hrl/forwarder.py"
 FORWARDER_HOST = pathlib.Path(__file__).with_name("forwarder.py")
 LABEL = "harness-rl.sandbox"  # docker/k8s label (and cgroup/state-dir name) marking our sandboxes
@@ -104,9 +105,26 @@ class SandboxSpec:
     name: str = ""  # usually the rollout id; becomes part of the sandbox id
     image: str = "harness-rl/sandbox:latest"  # docker / kubernetes only
     workspace_dir: str = WORKSPACE  # where the workspace appears inside (check_workspace_dir-validated)
+    # Web apps of the task (harness_env/web/env.py): loopback port inside -> host Unix socket of the app,
+    # which runs in a sandbox of its own; the in-sandbox forwarder serves these beside the shim's port.
+    app_ports: dict[int, pathlib.Path] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workspace_dir = check_workspace_dir(self.workspace_dir)
+        for port in self.app_ports:
+            if not 1024 <= int(port) < 65536 or int(port) == self.shim_port:
+                raise ValueError(f"app port {port}: must be in [1024, 65536) and not the shim's {self.shim_port}")
+
+    @property
+    def forwarder_needed(self) -> bool:
+        return self.shim_socket is not None or bool(self.app_ports)
+
+    def forwarder_args(self) -> list[str]:
+        """The in-sandbox forwarder's arguments (before `--`): the shim's port and every app port."""
+        a = ["--port", str(self.shim_port), "--socket", SHIM_SOCKET_IN] if self.shim_socket is not None else []
+        for port in sorted(self.app_ports):
+            a += ["--forward", f"{port}={APP_SOCKET_IN.format(port=port)}"]
+        return a
 
     def sandbox_id(self) -> str:
         stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.name)[:40].strip("-")
@@ -184,6 +202,7 @@ class Sandbox(abc.ABC):
 
 class Backend(abc.ABC):
     name: str = ""
+    supports_web: bool = True  # can run a task's web app in a sandbox of its own (SandboxSpec.app_ports)
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
 from harness_env.sandbox.base import (
+    APP_SOCKET_IN,
     FORWARDER_HOST,
     FORWARDER_IN,
     HOME,
@@ -42,7 +43,7 @@ from harness_env.sandbox.base import (
 )
 
 ETC_PASSTHROUGH = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
-                   "localtime", "nsswitch.conf", "mime.types", "gitconfig")
+                   "localtime", "nsswitch.conf", "mime.types", "gitconfig", "fonts")  # fonts: headless chromium
 UID = 1000
 ROOT_LINKS = {"/bin": "usr/bin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/sbin": "usr/sbin"}
 
@@ -86,14 +87,17 @@ class BwrapSandbox(Sandbox):
         for host, target in self.copied:
             a += ["--bind", host, target]
         if spec.shim_socket is not None:
-            a += ["--bind", str(spec.shim_socket), SHIM_SOCKET_IN, "--ro-bind", str(FORWARDER_HOST), FORWARDER_IN]
+            a += ["--bind", str(spec.shim_socket), SHIM_SOCKET_IN]
+        for port, sock in sorted(spec.app_ports.items()):
+            a += ["--bind", str(sock), APP_SOCKET_IN.format(port=port)]
+        if spec.forwarder_needed:
+            a += ["--ro-bind", str(FORWARDER_HOST), FORWARDER_IN]
         a += ["--chdir", cwd, "--clearenv"]
         for k, v in env.items():
             a += ["--setenv", k, v]
         a.append("--")
-        if spec.shim_socket is not None:
-            a += ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, "--port", str(spec.shim_port),
-                  "--socket", SHIM_SOCKET_IN, "--"]
+        if spec.forwarder_needed:
+            a += ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, *spec.forwarder_args(), "--"]
         return a + list(argv)
 
     def _launcher(self, bwrap_argv: list[str]) -> list[str]:

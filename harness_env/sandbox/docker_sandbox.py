@@ -28,6 +28,7 @@ from harness_env.images.build import build as build_image
 from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
 from harness_env.sandbox.base import (
+    APP_SOCKET_IN,
     FORWARDER_HOST,
     FORWARDER_IN,
     HOME,
@@ -214,10 +215,12 @@ class DockerBackend(Backend):
         mounts += [DMount(m.target, m.host, type="bind", read_only=m.read_only) for m in spec.mounts]
         command = ["/usr/bin/sleep", "infinity"]
         if spec.shim_socket is not None:
-            mounts += [DMount(SHIM_SOCKET_IN, str(spec.shim_socket), type="bind"),
-                       DMount(FORWARDER_IN, str(FORWARDER_HOST), type="bind", read_only=True)]
-            command = ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, "--port", str(spec.shim_port),
-                       "--socket", SHIM_SOCKET_IN]
+            mounts.append(DMount(SHIM_SOCKET_IN, str(spec.shim_socket), type="bind"))
+        mounts += [DMount(APP_SOCKET_IN.format(port=port), str(sock), type="bind")
+                   for port, sock in sorted(spec.app_ports.items())]
+        if spec.forwarder_needed:
+            mounts.append(DMount(FORWARDER_IN, str(FORWARDER_HOST), type="bind", read_only=True))
+            command = ["/usr/bin/python3", "-I", "-S", FORWARDER_IN, *spec.forwarder_args()]
         labels = {LABEL: "1", f"{LABEL}.owner": json.dumps(reaper.owner_record()),
                   f"{LABEL}.host": socket.gethostname(), **spec.labels}
         lim = spec.limits
@@ -248,7 +251,7 @@ class DockerBackend(Backend):
         except Exception as e:
             raise SandboxStartError(f"sandbox {sid}: docker run failed: {e}") from e
         sbx = DockerSandbox(sid, spec, self, container)
-        if spec.shim_socket is not None:
+        if spec.forwarder_needed:
             await self._wait_forwarder(sbx)
         return sbx
 

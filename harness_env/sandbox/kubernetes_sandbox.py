@@ -228,6 +228,8 @@ class KubernetesSandbox(Sandbox):
 
 @register_backend("kubernetes")
 class KubernetesBackend(Backend):
+    supports_web = False  # a task's web app would need a second pod and a socket route: not built
+
     def __init__(self, api=None, namespace: str = "harness-rl", image: str = K8S_IMAGE, shim_address: str | None = None,
                  exec_fn=None, start_timeout_s: float = 120.0, poll_s: float = 0.5, reap: bool = True):
         self._api = api
@@ -295,6 +297,8 @@ class KubernetesBackend(Backend):
         if not self._reaped:
             self._reaped = True
             await self.reap()
+        if spec.app_ports:
+            raise SandboxStartError("web apps (SandboxSpec.app_ports) run on the bwrap and docker backends only")
         sid = spec.sandbox_id()
         pod = f"hrl-{sid}"[:63]
         manifest = pod_manifest(pod, self.namespace, spec, spec.image if spec.image != "harness-rl/sandbox:latest"

@@ -1,6 +1,9 @@
 """Task tools: `python -m harness_env.tasks COMMAND ...`
 
   family   --split train|heldout|all [--n N] [--seed S] --out DIR   write make_file family tasks
+  web      --split train|heldout|all [--n N] [--seed S] [--per-template K] [--validate] --out DIR
+                                                                     write web family tasks (validated: plan
+                                                                     1.0, nothing 0.0, mistake 0.0)
   synth    [--seeds DIR] --per-seed N [--seed S] --out DIR           validated variants of the seed tasks
   validate DIR                                                       reference solution 1.0, empty < 1.0
 Validation and synthesis run every checker in a bwrap sandbox (the path rollouts use).
@@ -29,6 +32,23 @@ async def _validate(dirs: list[pathlib.Path]) -> int:
     return 1 if bad else 0
 
 
+def _web(a) -> int:  # noqa: ANN001
+    from harness_env.tasks import web_family
+    from harness_env.web.validate import validate
+
+    dirs = web_family.generate(a.out, a.split, a.n, a.seed, per_template=a.per_template)
+    print(f"wrote {len(dirs)} {a.split} web tasks to {a.out}")
+    if not a.validate:
+        return 0
+    bad = 0
+    for d in dirs:
+        v = validate(d)
+        bad += not v.ok
+        print(f"{'ok  ' if v.ok else 'FAIL'} {v.task_id}: plan={v.solution} nothing={v.nothing} wrong={v.wrong} "
+              f"{v.message}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m harness_env.tasks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,6 +58,13 @@ def main(argv: list[str]) -> int:
     f.add_argument("--n", type=int, default=None)
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--out", required=True, type=pathlib.Path)
+    w = sub.add_parser("web")
+    w.add_argument("--split", default="train", choices=["train", "heldout", "all"])
+    w.add_argument("--n", type=int, default=None)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--per-template", type=int, default=10)
+    w.add_argument("--validate", action="store_true")
+    w.add_argument("--out", required=True, type=pathlib.Path)
     s = sub.add_parser("synth")
     s.add_argument("--seeds", type=pathlib.Path, default=LIBRARY)
     s.add_argument("--per-seed", type=int, default=3)
@@ -50,6 +77,8 @@ def main(argv: list[str]) -> int:
         dirs = family.generate(a.out, a.split, a.n, a.seed)
         print(f"wrote {len(dirs)} {a.split} tasks to {a.out}")
         return 0
+    if a.cmd == "web":
+        return _web(a)
     if a.cmd == "synth":
         seeds = [d for d in discover(a.seeds) if synth.is_seed(d)]
         kept, failed = asyncio.run(synth.synthesize(get_backend("bwrap"), seeds, a.out, per_seed=a.per_seed,

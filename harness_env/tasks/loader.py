@@ -8,7 +8,11 @@ A task is a folder (ClawGym's own layout, ../shared/clawgym/DATASET_README.md):
                          OPENCLAW_REWARD_PAYLOAD (JSON: task_id, user_query, metadata, final_message,
                          transcript).
     solution/            ours, optional: solve.sh (run in the workspace) and/or final_message.txt —
-                         the reference solution that tests and task synthesis validate checkers with.
+                         the reference solution that tests and task synthesis validate checkers with
+                         (web tasks: plan.json, abstract browser steps).
+    env/                 ours, optional: a web app (env/env.json + its code, harness_env/web/env.py) that
+                         runs in a sandbox of its own during the rollout; its server-side state reaches
+                         the checker as reward/env_state/. Tasks with env/ are web tasks.
 `input_mount_dir` is the workspace's absolute path inside the sandbox (ClawGym: /root/.openclaw/workspace,
 OpenClaw's own default, also used when a task does not say); any path that is not a system directory
 (sandbox.base.check_workspace_dir). Harnesses start in it.
@@ -32,6 +36,7 @@ import stat
 from typing import Any
 
 from harness_env.sandbox.base import Sandbox, check_workspace_dir
+from harness_env.web.env import WebEnv, load_env
 
 DEFAULT_WORKSPACE = "/root/.openclaw/workspace"  # ClawGym's input_mount_dir (and OpenClaw's default)
 REWARD_DIRNAME = "reward"  # the checker's folder, copied to <workspace>/reward/ for grading
@@ -58,6 +63,7 @@ class Task:
     root: pathlib.Path
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     input_mount_dir: str = DEFAULT_WORKSPACE
+    web: WebEnv | None = None  # the task's web app (env/), if it has one
 
     @property
     def workspace_dir(self) -> str:
@@ -192,9 +198,13 @@ def load_task(root: str | pathlib.Path) -> Task:
     reward_sh = root / REWARD_DIRNAME / "reward.sh"
     if not reward_sh.is_file() or reward_sh.is_symlink():
         raise TaskError(f"{root}: no reward/reward.sh (a regular file)")
-    for sub in ("input_files", REWARD_DIRNAME):
+    for sub in ("input_files", REWARD_DIRNAME, "env"):
         check_tree(root / sub)
-    return Task(task_id=task_id, user_query=query, root=root, metadata=meta, input_mount_dir=mount)
+    try:
+        web = load_env(root)
+    except ValueError as e:
+        raise TaskError(str(e)) from None
+    return Task(task_id=task_id, user_query=query, root=root, metadata=meta, input_mount_dir=mount, web=web)
 
 
 def check_tree(top: pathlib.Path) -> None:
@@ -282,17 +292,20 @@ CLEAR_REWARD = ('[ -L "$1" ] || chmod -R u+rwX -- "$1" 2>/dev/null; rm -rf -- "$
 
 
 async def grade(sbx: Sandbox, task: Task, final_message: str = "", transcript: list[dict] | None = None,
-                timeout: float = 60.0) -> tuple[float, dict[str, float]]:
+                timeout: float = 60.0, extra: dict[str, pathlib.Path] | None = None) -> tuple[float, dict[str, float]]:
     """Grades the workspace in `sbx`, which must be the verifier's FRESH sandbox (fresh HOME and TMP, no
     agent process alive: harness_env/runner.py): whatever the agent left at <workspace>/reward (a dir with
     extra modules, a file, a link) is removed, the task's reward/ copied there, and reward.sh run as shipped
     with cwd = that fresh reward/ dir (a checker's own `python3 -c` then imports nothing the agent planted
-    in the workspace). Raises RewardError."""
+    in the workspace). `extra` (name -> host dir) is copied into that fresh reward/ too, after the agent is
+    gone: a web task's app state (`env_state`). Raises RewardError."""
     rdir = f"{task.workspace_dir}/{REWARD_DIRNAME}"
     res = await sbx.exec(["/bin/sh", "-c", CLEAR_REWARD, "sh", rdir], cwd="/", timeout=timeout)
     if not res.ok:
         raise RewardError(f"cannot clear {rdir} before grading: exit {res.exit_code} {res.stderr[-300:]!r}")
     await sbx.copy_in(task.reward_dir, rdir)
+    for name, src in (extra or {}).items():
+        await sbx.copy_in(src, f"{rdir}/{name}")
     body = json.dumps(payload(task, final_message, transcript))
     env = dict(VERIFIER_ENV)
     if len(body) > MAX_ENV_PAYLOAD:  # keep the env var parseable: drop the transcript, full payload in a file

@@ -1,6 +1,7 @@
 """Which tasks a run uses: the one task-selection function behind `launch.eval` and the RL loop.
 
-A source is `library` (ours), `make_file` / `family` (the generated make_file family), or a folder of
+A source is `library` (ours), `make_file` / `family` (the generated make_file family), `web` (the generated
+web task family: 14 templates x 10 variants, its own split by variant), or a folder of
 ClawGym-format tasks (e.g. ../shared/clawgym/train, 2000 real tasks). A folder is split into train /
 held-out by a seeded hash of each task's folder name: stable when tasks are added or removed, different
 for another seed, and independent of the order anything is listed in. The family keeps its own split
@@ -15,12 +16,13 @@ import hashlib
 import pathlib
 import random
 
-from harness_env.tasks import family
+from harness_env.tasks import family, web_family
 from harness_env.tasks.loader import TaskError, discover
 
 LIBRARY = pathlib.Path(__file__).with_name("library")
 SPLITS = ("all", "train", "heldout")
 FAMILY = ("make_file", "family")
+WEB = "web"  # the web task family (harness_env/tasks/web_family.py), generated like the make_file family
 
 
 def split_of(name: str, *, seed: int = 0, heldout_fraction: float = 0.1) -> str:
@@ -39,12 +41,12 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
         raise TaskError(f"split {split!r} not in {SPLITS}")
     if not 0.0 <= heldout_fraction <= 1.0:
         raise TaskError(f"heldout_fraction {heldout_fraction} not in [0, 1]")
-    if source in FAMILY:
+    if source in (*FAMILY, WEB):
         if scratch is None:
-            raise TaskError("the make_file family needs a scratch dir to be generated into")
-        out = pathlib.Path(scratch) / "tasks" / split
+            raise TaskError(f"the {source} family needs a scratch dir to be generated into")
+        out = pathlib.Path(scratch) / ("web_tasks" if source == WEB else "tasks") / split
         if not out.is_dir() or not any(out.iterdir()):
-            family.generate(out, split=split, seed=seed)
+            (web_family if source == WEB else family).generate(out, split=split, seed=seed)
         dirs = sorted(p for p in out.iterdir() if p.is_dir())
     else:
         folder = LIBRARY if source == "library" else pathlib.Path(source)
@@ -59,9 +61,9 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
-    """`launch.eval --tasks` strings: `library` | `family:SPLIT[:N]` (as before) | `make_file` | DIR; returns
-    (source, overrides for select_tasks)."""
-    if spec.startswith("family:"):
-        _, split, *n = spec.split(":")
-        return "family", {"split": split, **({"limit": int(n[0])} if n else {})}
+    """`launch.eval --tasks` strings: `library` | `family:SPLIT[:N]` (as before) | `web:SPLIT[:N]` | `make_file` |
+    `web` | DIR; returns (source, overrides for select_tasks)."""
+    if spec.startswith(("family:", "web:")):
+        kind, split, *n = spec.split(":")
+        return kind, {"split": split, **({"limit": int(n[0])} if n else {})}
     return spec, {}

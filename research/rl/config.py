@@ -99,7 +99,7 @@ class RLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TasksConfig:
-    source: str = "make_file"  # make_file | library | dir | a folder of ClawGym tasks (harness_env/tasks/select.py)
+    source: str = "make_file"  # make_file | library | web | dir | a ClawGym task folder (harness_env/tasks/select.py)
     seed: int = 0
     train_dir: str = ""  # source "dir": the train / held-out folders as given
     eval_dir: str = ""

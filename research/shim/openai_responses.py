@@ -1,5 +1,11 @@
 """OpenAI Responses (`/v1/responses`), the API Codex speaks: function + custom tools, streamed events.
 
+Namespace tools (`{"type": "namespace", "name": "mcp__playwright", "tools": [functions]}`: how Codex
+sends an MCP server's tools) are flattened into functions named `{namespace}__{name}` (the name the
+policy sees and calls, as Claude Code names MCP tools); a call of such a name goes back as a
+function_call item with `name` and `namespace` split again, and history items carrying a namespace fold
+back into the flat name.
+
 Input items are folded back into chat turns: consecutive reasoning / assistant message /
 function_call items are one assistant turn (that is how the shim produced them), outputs of tool
 calls become tool turns. The streamed event sequence follows the OpenAI SDK's event types:
@@ -61,8 +67,9 @@ def _fold_item(it, i: int, out: list[Message], cur: Message | None) -> Message |
             out.append(cur)
         args = field(it, "arguments", str, w, default="{}") if kind == "function_call" else {
             "input": field(it, "input", str, w, default="")}
+        name, ns = field(it, "name", str, w, required=True), field(it, "namespace", str, w)
         cur.tool_calls.append(ToolCall(field(it, "call_id", str, w, default=""),
-                                       field(it, "name", str, w, required=True), args))
+                                       f"{ns}__{name}" if ns else name, args))
         return cur
     elif kind in ("function_call_output", "custom_tool_call_output"):
         output = it.get("output", "")
@@ -78,24 +85,41 @@ def _fold_items(items: list, cache: RequestCache | None = None) -> list[Message]
     return (cache or RequestCache()).parse(items, _fold_item, "input")
 
 
-def parse_tools(body: dict) -> tuple[list[dict], set[str]]:
-    out, custom = [], set()
+def parse_tools(body: dict) -> tuple[list[dict], set[str], dict[str, list[str]]]:
+    """(chat tools, names of custom tools, flat name -> [namespace, name] of namespaced functions)."""
+    out, custom, spaced = [], set(), {}
     for i, t in enumerate(field(body, "tools", list, "", default=[])):
         if not isinstance(t, dict):
             raise BadRequest(f"tools[{i}]", "must be an object")
-        kind = t.get("type")
-        if kind not in ("function", "custom"):
+        if t.get("type") == "namespace":
+            ns = field(t, "name", str, f"tools[{i}]", required=True)
+            for j, inner in enumerate(field(t, "tools", list, f"tools[{i}]", default=[])):
+                tool = _tool(inner, f"tools[{i}].tools[{j}]", custom, prefix=f"{ns}__")
+                if tool is not None:
+                    out.append(tool)
+                    spaced[tool["function"]["name"]] = [ns, tool["function"]["name"][len(ns) + 2:]]
             continue
-        fn = {"name": field(t, "name", str, f"tools[{i}]", required=True)}
-        if t.get("description") is not None:
-            fn["description"] = field(t, "description", str, f"tools[{i}]")
-        if kind == "custom":
-            custom.add(fn["name"])
-            fn["parameters"] = CUSTOM_PARAMS
-        else:
-            fn["parameters"] = field(t, "parameters", dict, f"tools[{i}]", default={})
-        out.append({"type": "function", "function": fn})
-    return out, custom
+        tool = _tool(t, f"tools[{i}]", custom)
+        if tool is not None:
+            out.append(tool)
+    return out, custom, spaced
+
+
+def _tool(t, w: str, custom: set[str], prefix: str = "") -> dict | None:
+    if not isinstance(t, dict):
+        raise BadRequest(w, "must be an object")
+    kind = t.get("type")
+    if kind not in ("function", "custom"):
+        return None
+    fn = {"name": prefix + field(t, "name", str, w, required=True)}
+    if t.get("description") is not None:
+        fn["description"] = field(t, "description", str, w)
+    if kind == "custom":
+        custom.add(fn["name"])
+        fn["parameters"] = CUSTOM_PARAMS
+    else:
+        fn["parameters"] = field(t, "parameters", dict, w, default={})
+    return {"type": "function", "function": fn}
 
 
 def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
@@ -115,7 +139,7 @@ def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
         messages.insert(0, cache.single("instructions", instructions, lambda: Message("system", instructions)))
     if not messages:
         raise BadRequest("input", "must not be empty")
-    tools, custom = cached_tools(body, cache, parse_tools)
+    tools, custom, spaced = cached_tools(body, cache, parse_tools)
     reasoning = field(body, "reasoning", dict, "", default={})
     tool_choice = body.get("tool_choice", "auto")
     max_tokens = field(body, "max_output_tokens", int, "")
@@ -127,16 +151,17 @@ def parse_request(body: dict, cache: RequestCache | None = None) -> ChatRequest:
         temperature=field(body, "temperature", float, ""), top_p=field(body, "top_p", float, ""),
         enable_thinking=False if reasoning.get("effort") == "none" else None, parse_tools=tool_choice != "none",
         meta={"tool_choice": tool_choice if isinstance(tool_choice, str) else json_dumps(tool_choice),
-              "custom_tools": sorted(custom)})
+              "custom_tools": sorted(custom), **({"namespaced_tools": spaced} if spaced else {})})
 
 
 class _Items:
     """Parser events -> Responses output items, plus the SSE events that build them."""
 
-    def __init__(self, custom: set[str]):
+    def __init__(self, custom: set[str], spaced: dict | None = None):
         self.items: list[dict] = []
         self.open: dict | None = None
         self.custom = custom
+        self.spaced = spaced or {}  # flat name -> [namespace, name]
 
     def _close(self) -> list[dict]:
         it, self.open = self.open, None
@@ -172,8 +197,9 @@ class _Items:
                  "input": inp},
                 {"type": "response.output_item.done", "output_index": idx, "item": item}]
         args = json_dumps(ev.arguments)
-        item = {"type": "function_call", "id": f"fc_{new_id(24)}", "call_id": cid, "name": ev.name,
-                "arguments": args, "status": "completed"}
+        ns, name = self.spaced.get(ev.name, (None, ev.name))
+        item = {"type": "function_call", "id": f"fc_{new_id(24)}", "call_id": cid, "name": name,
+                "arguments": args, "status": "completed", **({"namespace": ns} if ns else {})}
         self.items.append(item)
         return evs + [
             {"type": "response.output_item.added", "output_index": idx,
@@ -181,7 +207,7 @@ class _Items:
             {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": idx,
              "delta": args},
             {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": idx,
-             "name": ev.name, "arguments": args},
+             "name": name, "arguments": args},
             {"type": "response.output_item.done", "output_index": idx, "item": item}]
 
     def add(self, ev: Delta | ParsedToolCall) -> list[dict]:
@@ -233,7 +259,7 @@ def _response(call: Call, rid: str, created: int, status: str, output: list[dict
 
 async def respond(call: Call, request: web.Request) -> web.StreamResponse:
     rid, created = f"resp_{new_id(32)}", int(time.time())
-    items = _Items(set(call.req.meta.get("custom_tools", ())))
+    items = _Items(set(call.req.meta.get("custom_tools", ())), call.req.meta.get("namespaced_tools"))
     if not call.req.stream:
         async for ev in call.events():
             items.add(ev)
