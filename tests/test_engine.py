@@ -94,6 +94,7 @@ def test_greedy_logprobs_experts_match_full_forward_alone(runner, params):
                 chunks.append(item)
             res = chunks.pop()
             assert [t for c in chunks for t in c.token_ids] == res.token_ids
+            assert all(len(c.token_ids) == len(c.logprobs) == 1 for c in chunks)  # streamed token by token
             return req, res
         finally:
             await eng.close()
@@ -288,3 +289,42 @@ def test_group_sharing_a_long_prompt_prefills_it_once(runner, params):
     assert stats["prefill_tokens"] == 41 + 2 * 1  # the prompt once, then one suffix token per copy
     for req, res in zip(reqs, results):
         check_against_reference(params, req, res)
+
+
+def test_length_buckets_block_edges_host_stops_and_no_recompiles(params):
+    """Sequences crossing a length bucket mid-generation, 3-step blocks, a stop id only the host checks
+    (max_stop_tokens=1), T=0.7 sampling: all == the full forward / the trainer's logprobs at T=0.7. With
+    warmup_all every shape is compiled at start (one per batch x length bucket): serving compiles nothing."""
+    cfg = dict(length_buckets=(32, 96), decode_steps=3, prefill_decode_steps=1, max_stop_tokens=1, warmup_all=True)
+    prompt = prompt_of(5, 31)
+
+    async def go():
+        eng = make_engine(Qwen3Runner(CFG), params, **cfg)  # its own runner: its own compilation caches
+        try:
+            free = await eng.generate(greedy_req(prompt, n=12))
+            sizes = {k: getattr(eng._fns, k)._cache_size() for k in ("prepare", "prefill", "decode", "copy_slot")}
+            stop = free.token_ids[7]
+            first = [
+                greedy_req(prompt_of(20, 32), n=30),  # decodes from bucket 32 into bucket 96
+                GenerateRequest(prompt_of(40, 33), SamplingParams(temperature=0.7, seed=5, max_new_tokens=13),
+                                return_routed_experts=True),  # prefill chunks at starts 0 and 16 (bucket 32), 32 (96)
+                GenerateRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=12,
+                                                       stop_token_ids=(CFG.vocab_size - 1, stop))),
+            ]
+            r1 = await asyncio.gather(*(eng.generate(r) for r in first))
+            shared = prompt_of(40, 34)  # two requests sharing a prefix: the second reuses the first's cache
+            second = [greedy_req(prompt_of(n, 40 + n), n=m) for n, m in ((3, 40), (29, 9), (50, 20), (11, 2))]
+            second += [greedy_req(shared + [1], n=4), greedy_req(shared + [2], n=4)]
+            r2 = await asyncio.gather(*(eng.generate(r) for r in second))
+            return free, stop, first + second, r1 + r2, sizes, eng._fns.compiled(), eng.stats["reused_tokens"]
+        finally:
+            await eng.close()
+
+    free, stop, reqs, results, sizes, compiled_after, reused = run(go())
+    assert sizes == {"prepare": 1, "prefill": 2, "decode": 4, "copy_slot": 1}  # 2 length x 2 batch buckets
+    assert compiled_after == sum(sizes.values()) and reused >= 40
+    for req, res in zip(reqs, results):
+        check_against_reference(params, req, res)
+    stopped = results[2]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert results[0].finish_reason == results[1].finish_reason == "length"

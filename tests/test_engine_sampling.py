@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.serving.sampling import request_key, sample_tokens
+from research.serving.sampling import _inverse_cdf, request_key, sample_tokens
 from research.serving.scheduler import BUSY, FREE, PARKED, SlotTable, common_prefix_len
 
 _sample_jit = jax.jit(sample_tokens)
@@ -76,6 +76,20 @@ def test_sampling_matches_the_distribution():
     freq = np.bincount(np.asarray(toks), minlength=5) / n
     p = np.asarray(jax.nn.softmax(logits[0] / T))
     assert np.all(np.abs(freq - p) < 4 * np.sqrt(p * (1 - p) / n) + 1e-3)
+
+
+def test_inverse_cdf_edges_never_pick_zero_mass():
+    """u at 0 and just below 1, zero-mass tails and whole zero blocks (V = 700: blocks of 256, the last padded):
+    the draw is the first / last token with mass, never a masked one; u in between lands where the mass is."""
+    p = np.zeros((4, 700), np.float32)
+    p[:, 300] = 1.0  # the only mass in block 1
+    p[:, 5] = 2.0    # block 0
+    p[3] = 0.0
+    p[3, 699] = 1.0  # last token, in the padded block
+    u = np.array([0.0, 0.9999999, 0.5, 0.5], np.float32)
+    got = jax.jit(_inverse_cdf)(jnp.asarray(p), jnp.asarray(u))
+    np.testing.assert_array_equal(got, [5, 300, 5, 699])
+    assert int(jax.jit(_inverse_cdf)(jnp.asarray(p[:1]), jnp.asarray([0.7], np.float32))[0]) == 300
 
 
 def test_common_prefix_len():

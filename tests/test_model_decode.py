@@ -1,4 +1,5 @@
-"""KV-cache path == full forward: per-position logits, greedy tokens, independent slots, routing."""
+"""KV-cache paths == full forward: per-position logits, greedy tokens, independent slots, routing; the engine's
+fast path (chunks, multi-step blocks, commits) and its MoE kernels."""
 
 import functools
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from research.models import Qwen3, init_params, logits, tiny_dense, tiny_moe
+from research.models import decode as decode_lib
 from research.models.decode import decode_step, greedy_generate, init_cache, prefill
 
 _PAD = 16
@@ -90,3 +92,87 @@ def test_decode_routing_replay():
     lg4, _, _ = decode_step(p, cfg, cache4, jnp.array([4]), jnp.array([3]), expert_ids_BxLxK=(r3 + 1) % 8)
     assert float(jnp.abs(lg4 - lg3).max()) > 1e-4
     np.testing.assert_allclose(lg3[0], _full_logits(p, cfg, [1, 2, 3, 4])[-1], atol=1e-5)
+
+
+# ---------------------------------------------------------------- the engine's fast path (per-layer cache)
+from research.models import moe as moe_lib  # noqa: E402
+from research.models.decode import (  # noqa: E402
+    block_buffer,
+    block_commit,
+    block_context,
+    block_decode_step,
+    engine_params,
+    init_layer_cache,
+    prefill_slot,
+)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _padded_forward(p, cfg, toks_1xP):
+    h, aux = Qwen3(cfg).apply({"params": p}, toks_1xP, jnp.arange(_PAD)[None], jnp.ones((1, _PAD), jnp.int32),
+                              jnp.full((1, _PAD), _PAD - 1), return_routing=True)
+    return logits(p, cfg, h)[0], aux["routed_experts"][0]
+
+
+def test_fast_path_chunks_and_blocks_match_forward():
+    """Row 2 of 3: two prefill chunks (one padded), a 4-step decode block next to idle rows, the block's K/V
+    committed, then another chunk reading them back; every position's logits and routing == full forward.
+    (A MoE model with a dense middle layer: both layer kinds, two layer runs.)"""
+    cfg = tiny_moe(num_layers=3, mlp_only_layers=(1,))
+    p = init_params(cfg, jax.random.key(5))
+    ep = engine_params(p, cfg)
+    toks = [int(t) for t in jax.random.randint(jax.random.key(6), (_PAD,), 0, cfg.vocab_size)]
+    ref, routed = _padded_forward(p, cfg, jnp.array([toks]))
+    cache = init_layer_cache(cfg, 3, 32)
+    pf = jax.jit(functools.partial(prefill_slot, cfg=cfg), static_argnames=("ctx_len",))
+    step = jax.jit(functools.partial(block_decode_step, cfg=cfg))
+
+    def chunk(start, n):
+        nonlocal cache
+        t = np.zeros(4, np.int32)
+        t[:n] = toks[start : start + n]
+        lg, cache, r = pf(ep, cache=cache, slot=jnp.int32(2), tokens_C=t, start=jnp.int32(start), n_valid=jnp.int32(n),
+                          ctx_len=8 if start <= 8 else 16)  # a length bucket >= start
+        np.testing.assert_allclose(lg, ref[start + n - 1], atol=1e-5)
+        np.testing.assert_array_equal(r[:n], routed[start : start + n])
+
+    chunk(0, 4)
+    chunk(4, 3)
+    ctx, buf = block_context(cache, 3, 8), block_buffer(cache, 3, 4)
+    for i in range(4):
+        pos = 7 + i
+        lg, buf, r = step(ep, ctx=ctx, ctx_len_B=jnp.array([0, 0, 7]), buf=buf, step=jnp.int32(i),
+                          tokens_B=jnp.array([1, 2, toks[pos]]), positions_B=jnp.array([0, 5, pos]))
+        np.testing.assert_allclose(lg[2], ref[pos], atol=1e-5)
+        np.testing.assert_array_equal(r[2], routed[pos])
+    cache = block_commit(cache, buf, jnp.array([0, 5, 7]), jnp.array([0, 0, 4]))
+    chunk(11, 4)
+
+
+def test_moe_decode_kernels_match_moe_dense():
+    """Every kernel `decode._moe` picks (sliced experts, all experts, per-expert capacity, and the capacity
+    kernel's overflow fallback) equals moe.experts_dense on the same routing."""
+    cfg = tiny_moe()
+    p = init_params(cfg, jax.random.key(7))
+    mp = engine_params(p, cfg)["layers"][0]["moe"]
+
+    kernels = {  # name -> (kernel, token counts to check it at)
+        "sliced": (decode_lib._experts_sliced, (1, 3)),
+        "all": (decode_lib._experts_all, (3, 8)),
+        "capacity": (lambda x, i, w, m: decode_lib._experts_capacity(x, i, w, m, x.shape[0], decode_lib._experts_all),
+                     (8,)),
+        "overflow": (lambda x, i, w, m: decode_lib._experts_capacity(x, i, w, m, 1, decode_lib._experts_all), (8,)),
+    }
+    for name, (fn, sizes) in kernels.items():
+        for n in sizes:
+            x = jax.random.normal(jax.random.key(n), (n, cfg.hidden_size))
+            w, ids = moe_lib.route(x, mp["router"], top_k=2, norm_topk_prob=True)
+            want = moe_lib.experts_dense(x, ids, w, mp["wi_gate"], mp["wi_up"], mp["wo"])
+            np.testing.assert_allclose(jax.jit(fn)(x, ids, w, mp), want, atol=1e-5, err_msg=f"{name} n={n}")
+    # the dispatcher at a prefill-sized count: capacity kernel whose overflow falls back to cfg.moe_impl
+    x = jax.random.normal(jax.random.key(24), (1, 24, cfg.hidden_size))
+    y, routed = jax.jit(lambda x: decode_lib._moe(cfg, mp, x))(x)
+    w, ids = moe_lib.route(x[0], mp["router"], top_k=2, norm_topk_prob=True)
+    np.testing.assert_array_equal(routed[0], ids)
+    np.testing.assert_allclose(y[0], moe_lib.experts_dense(x[0], ids, w, mp["wi_gate"], mp["wi_up"], mp["wo"]),
+                               atol=1e-5)

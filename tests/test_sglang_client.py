@@ -74,7 +74,10 @@ def test_client_stream_equals_direct_engine(served, incremental):
     assert res.logprobs == direct.logprobs  # float32 -> JSON -> float is exact
     np.testing.assert_array_equal(res.routed_experts, direct.routed_experts)
     assert (res.finish_reason, res.weight_version, res.prompt_tokens) == ("length", direct.weight_version, 18)
-    assert via_http.token_ids == direct_sampled.token_ids and via_http.logprobs == direct_sampled.logprobs
+    # Two engine runs of one seeded request: the second reuses the first's cached prefix, and the engine's
+    # attention sums cached and new keys separately, so logprobs agree to fp32 rounding, not bit for bit.
+    assert via_http.token_ids == direct_sampled.token_ids
+    np.testing.assert_allclose(via_http.logprobs, direct_sampled.logprobs, rtol=0, atol=1e-5)
 
 
 def test_client_sends_only_valid_sampling_keys_and_server_rejects_unknown(served):
@@ -257,7 +260,9 @@ def test_build_with_a_tokenizer_takes_its_stop_ids(qwen3_tokenizer_dir):
     """No --eos_token_ids: the server stops on the tokenizer's end-of-turn ids (Qwen3: <|im_end|>, <|endoftext|>)."""
     from research.models.tokenizer import load_tokenizer
 
-    engine, server = build("tiny_moe", vocab_size=151936, tokenizer=str(qwen3_tokenizer_dir))
+    # no warm-up: only the stop ids are checked (compiling the 152k-vocab blocks costs a minute on 2 cores)
+    engine, server = build("tiny_moe", vocab_size=151936, tokenizer=str(qwen3_tokenizer_dir),
+                           engine_config=EngineConfig(warmup=False))
     try:
         assert server.eos == load_tokenizer(qwen3_tokenizer_dir).stop_token_ids == (151645, 151643)
     finally:

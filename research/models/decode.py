@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from research.models.config import ModelConfig
-from research.models.qwen3 import KVCache, Qwen3, logits
+from research.models.moe import _IMPLS as MOE_KERNELS
+from research.models.moe import resolve_impl, route
+from research.models.qwen3 import _NEG, KVCache, Qwen3, RMSNorm, head_weight, logits, rope
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
@@ -110,3 +114,271 @@ def greedy_generate(params, cfg: ModelConfig, prompt_T: list[int], max_new_token
             break
         lg, cache, _ = decode_step(params, cfg, cache, jnp.array([tok]), jnp.array([len(prompt_T) + i]))
     return out
+
+
+
+# ------------------------------------------------------------------------------------------------------
+# The engine's fast path. `Qwen3.apply` in cache mode (above) writes new K/V into the stacked cache inside
+# the layer scan and reads each slot's whole row: every call copies the whole [layers, slots, cache_len]
+# cache and attends over cache_len keys, and XLA:CPU copies every layer's weights out of the stacked
+# params before each matmul. The fast path instead
+#   - keeps params per layer (`engine_params`: one tree per layer, matrices pre-cast to the compute dtype,
+#     the LM head a contiguous [D, V]) and the cache per layer, head-major [rows, kv_heads, len, head_dim]
+#     (`LayerKV`), and runs the layers unrolled: no per-step copies of weights or cache;
+#   - attends over two key sets: ctx = the first `ctx_len` cached positions of each row (a static length
+#     bucket, read only; key j visible iff j < ctx_len_B[b]) and new = the K/V of the tokens this call adds,
+#     kept in a small buffer (a prefill chunk, or the tokens of a multi-step decode block) under a causal
+#     mask; the buffer is written into the cache afterwards (one in-place update per layer).
+# The layer math is the training module's: the same RMSNorm / MLP modules, `rope`, `moe.route` and expert
+# kernels, the same projection einsums and dtypes; tests check it against the full forward to 1e-5.
+
+
+@flax.struct.dataclass
+class LayerKV:
+    """Per-layer keys/values of the fast path: ``k[l]``, ``v[l]`` are [rows, kv_heads, len, head_dim]."""
+
+    k: tuple
+    v: tuple
+
+
+def init_layer_cache(cfg: ModelConfig, slots: int, cache_len: int, dtype=None) -> LayerKV:
+    dt = jnp.dtype(dtype or cfg.dtype)
+    z = lambda: tuple(jnp.zeros((slots, cfg.num_kv_heads, cache_len, cfg.head_dim), dt) for _ in range(cfg.num_layers))
+    return LayerKV(k=z(), v=z())
+
+
+def engine_params(params, cfg: ModelConfig) -> dict:
+    """The fast path's parameter layout (see above). Matrices are pre-cast to the compute dtype (the module
+    casts them per call; same values), norm scales keep the param dtype as in the module. Projections that
+    read the same input are concatenated into one matmul: `w_qkv` [D, (H + 2K) * Dh], the MLP's `w_gu`
+    [D, 2F], and for MoE layers `w_gu` [D, 2, E, I] (every expert's gate and up side by side, for the decode
+    kernel; the [E, D, I] stacks stay for the prefill kernels)."""
+    params = nn.meta.unbox(params)
+    dt = jnp.dtype(cfg.dtype)
+    D = cfg.hidden_size
+    layers = []
+    for r, (moe, _, n) in enumerate(cfg.layer_runs()):
+        run = jax.tree.map(lambda a: a.astype(dt) if a.ndim >= 3 else a, params[f"layers_{r}"])  # [n, ...]
+        for i in range(n):
+            lp = jax.tree.map(lambda a, i=i: a[i], run)
+            a = lp["attn"]
+            layer = {
+                "input_norm": lp["input_norm"]["scale"], "post_attn_norm": lp["post_attn_norm"]["scale"],
+                "q_norm": a["q_norm"]["scale"], "k_norm": a["k_norm"]["scale"],
+                "w_qkv": jnp.concatenate([a[k].reshape(D, -1) for k in ("q_proj", "k_proj", "v_proj")], axis=1),
+                "o_proj": a["o_proj"].reshape(-1, D),
+            }
+            if moe:
+                m = lp["moe"]
+                layer["moe"] = {**m, "w_gu": jnp.stack([m["wi_gate"], m["wi_up"]]).transpose(2, 0, 1, 3)}
+            else:
+                m = lp["mlp"]
+                layer["mlp"] = {"w_gu": jnp.concatenate([m["gate_proj"], m["up_proj"]], axis=1), "down": m["down_proj"]}
+            layers.append(layer)
+    return {"embedding": params["embedding"], "final_norm": params["final_norm"]["scale"],
+            "head": head_weight(params, cfg).astype(dt), "layers": tuple(layers)}
+
+
+def _rms(scale, x, cfg: ModelConfig):
+    return RMSNorm(cfg.rms_norm_eps, "embed", cfg.param_dtype).apply({"params": {"scale": scale}}, x)
+
+
+def _attend(q_BxTxHxD, ctx_k_BxKxLxD, ctx_v_BxKxLxD, ctx_len_B, new_k_BxKxNxD, new_v_BxKxNxD, new_mask_BxTxN):
+    """One softmax over [ctx keys j < ctx_len_B[b]] + [buffer keys where new_mask]; GQA rows m = g*T + t."""
+    B, T, H, D = q_BxTxHxD.shape
+    K, L = ctx_k_BxKxLxD.shape[1:3]
+    G = H // K
+    qg = q_BxTxHxD.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+    dots = lambda k: jnp.einsum("bkmd,bkld->bkml", qg, k, preferred_element_type=jnp.float32) / jnp.sqrt(D)
+    m_ctx = (jnp.arange(L)[None, :] < ctx_len_B[:, None])[:, None, None, :]
+    m_new = jnp.tile(new_mask_BxTxN, (1, G, 1))[:, None]
+    s_ctx = jnp.where(m_ctx, dots(ctx_k_BxKxLxD), _NEG)
+    s_new = jnp.where(m_new, dots(new_k_BxKxNxD), _NEG)
+    mx = jnp.maximum(s_ctx.max(-1, keepdims=True), s_new.max(-1, keepdims=True))
+    p_ctx, p_new = jnp.exp(s_ctx - mx) * m_ctx, jnp.exp(s_new - mx) * m_new
+    denom = jnp.maximum(p_ctx.sum(-1, keepdims=True) + p_new.sum(-1, keepdims=True), 1e-30)
+    pv = lambda p, v: jnp.einsum("bkml,bkld->bkmd", (p / denom).astype(v.dtype), v, preferred_element_type=jnp.float32)
+    o = pv(p_ctx, ctx_v_BxKxLxD) + pv(p_new, new_v_BxKxNxD)
+    return o.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4).reshape(B, T, H, D).astype(q_BxTxHxD.dtype)
+
+
+def _experts_all(x_NxD, ids_NxK, w_NxK, mp):
+    """moe.experts_dense's math (every expert on every token, weighted by the gate, which is 0 off the chosen
+    experts) as two plain [N, D] x [D, 2EI] and [N, EI] x [EI, D] matmuls over the decode layout (`w_gu`,
+    `wo`): XLA:CPU would otherwise transpose the [E, D, I] expert weights for every decode step."""
+    _, _, E, I = mp["w_gu"].shape
+    N, D = x_NxD.shape
+    gu = (x_NxD @ mp["w_gu"].reshape(D, 2 * E * I)).reshape(N, 2, E, I)
+    combine_NxE = jnp.einsum("nk,nke->ne", w_NxK, jax.nn.one_hot(ids_NxK, E, dtype=w_NxK.dtype))
+    h = jax.nn.silu(gu[:, 0]) * gu[:, 1] * combine_NxE[:, :, None].astype(gu.dtype)
+    return h.reshape(N, E * I) @ mp["wo"].reshape(E * I, D)
+
+
+def _experts_sliced(x_NxD, ids_NxK, w_NxK, mp):
+    """Only the chosen experts' weights, sliced out per (token, k) (contiguous [D, I] blocks; an XLA gather
+    of them is much slower on CPU): reads K of E experts' weights per token, not all of them."""
+    N, K = ids_NxK.shape
+    take = lambda w, e: jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
+    out = jnp.zeros_like(x_NxD)
+    for n in range(N):
+        for k in range(K):
+            e = ids_NxK[n, k]
+            x = x_NxD[n : n + 1]
+            h = jax.nn.silu(x @ take(mp["wi_gate"], e)) * (x @ take(mp["wi_up"], e))
+            out = out.at[n].add(w_NxK[n, k] * (h @ take(mp["wo"], e))[0])
+    return out
+
+
+def _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, capacity: int, fallback):
+    """Only the chosen experts' work: the (token, k) assignments grouped per expert into `capacity` rows each,
+    one batched [E, capacity, D] x [E, D, I] matmul per projection (no weight copies), results gathered
+    back. Exact as long as no expert got more than `capacity` assignments; otherwise `fallback` (an exact
+    kernel) runs instead (lax.cond), so the result never depends on the routing's balance."""
+    N, K = ids_NxK.shape
+    E = mp["wi_gate"].shape[0]
+    flat_A = ids_NxK.reshape(-1)
+    order_A = jnp.argsort(flat_A, stable=True)
+    counts_E = jnp.zeros(E, jnp.int32).at[flat_A].add(1)
+    expert_A = flat_A[order_A]
+    rank_A = jnp.arange(flat_A.size, dtype=jnp.int32) - (jnp.cumsum(counts_E) - counts_E)[expert_A]
+
+    def grouped():
+        rows_ExC = jnp.full((E, capacity), N, jnp.int32).at[expert_A, rank_A].set(order_A // K, mode="drop")
+        x_ExCxD = jnp.concatenate([x_NxD, jnp.zeros_like(x_NxD[:1])])[rows_ExC]  # row N: zeros (empty seats)
+        g = jnp.einsum("ecd,edi->eci", x_ExCxD, mp["wi_gate"])
+        h = jax.nn.silu(g) * jnp.einsum("ecd,edi->eci", x_ExCxD, mp["wi_up"])
+        y_ExCxD = jnp.einsum("eci,eid->ecd", h, mp["wo"])
+        rank_NxK = jnp.zeros_like(flat_A).at[order_A].set(rank_A).reshape(N, K)
+        return jnp.einsum("nkd,nk->nd", y_ExCxD[ids_NxK, rank_NxK], w_NxK)
+
+    return jax.lax.cond(counts_E.max() <= capacity, grouped, lambda: fallback(x_NxD, ids_NxK, w_NxK, mp))
+
+
+def _moe(cfg: ModelConfig, mp, h_BxTxD):
+    """MoEBlock's math (same router, same expert FFN) with the kernel picked for the token count. Decode is
+    bound by reading weights, so: the picked experts' weights only while the tokens pick at most E/2 (a
+    decode batch of a token or two); all experts on every token up to E picks; else the grouped kernel with
+    twice the mean load as capacity, falling back to all experts (up to 4E picks) or to `cfg.moe_impl`
+    (long prefill chunks) when the routing overflows it."""
+    B, T, D = h_BxTxD.shape
+    dt = jnp.dtype(cfg.dtype)
+    x_NxD = h_BxTxD.reshape(B * T, D)
+    w_NxK, ids_NxK = route(x_NxD, mp["router"], top_k=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob)
+    A, E, w_NxK = ids_NxK.size, cfg.num_experts, w_NxK.astype(dt)
+    if 2 * A <= E:
+        y = _experts_sliced(x_NxD, ids_NxK, w_NxK, mp)
+    elif A <= E:
+        y = _experts_all(x_NxD, ids_NxK, w_NxK, mp)
+    else:
+        impl = MOE_KERNELS[resolve_impl(cfg.moe_impl)]
+        fallback = _experts_all if A <= 4 * E else lambda x, i, w, m: impl(x, i, w, m["wi_gate"], m["wi_up"], m["wo"])
+        y = _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, min(B * T, 2 * -(-A // E)), fallback)
+    return y.reshape(B, T, D).astype(dt), ids_NxK.reshape(B, T, -1)
+
+
+def _layer(cfg: ModelConfig, moe: bool, lp, x_BxTxD, positions_BxT, ctx_k, ctx_v, ctx_len_B, buf_k, buf_v, at,
+           new_mask_BxTxN):
+    """One decoder layer (qwen3.DecoderLayer's math) on T new tokens per row; their K/V go into the buffer at
+    columns at..at+T-1, in the cache dtype (exactly what a later read of the cache sees)."""
+    dt = jnp.dtype(cfg.dtype)
+    B, T, D = x_BxTxD.shape
+    H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    with jax.named_scope("attn_proj"):
+        h = _rms(lp["input_norm"], x_BxTxD, cfg)
+        qkv = (h @ lp["w_qkv"]).reshape(B, T, H + 2 * K, Dh)
+        q = rope(_rms(lp["q_norm"], qkv[:, :, :H], cfg), positions_BxT, cfg.rope_theta)
+        k = rope(_rms(lp["k_norm"], qkv[:, :, H : H + K], cfg), positions_BxT, cfg.rope_theta)
+        put = lambda buf, t: jax.lax.dynamic_update_slice_in_dim(buf, jnp.swapaxes(t, 1, 2).astype(buf.dtype), at, 2)
+        buf_k, buf_v = put(buf_k, k), put(buf_v, qkv[:, :, H + K :])
+    with jax.named_scope("attention"):
+        o = _attend(q, ctx_k.astype(dt), ctx_v.astype(dt), ctx_len_B, buf_k.astype(dt), buf_v.astype(dt),
+                    new_mask_BxTxN)
+    with jax.named_scope("attn_proj"):
+        x = x_BxTxD + o.reshape(B, T, H * Dh) @ lp["o_proj"]
+        h = _rms(lp["post_attn_norm"], x, cfg)
+    if moe:
+        with jax.named_scope("moe"):
+            y, ids = _moe(cfg, lp["moe"], h)
+    else:
+        with jax.named_scope("mlp"):
+            g, u = jnp.split(h @ lp["mlp"]["w_gu"], 2, axis=-1)
+            y = (jax.nn.silu(g) * u) @ lp["mlp"]["down"]
+        ids = jnp.full(x.shape[:2] + (cfg.num_experts_per_tok,), -1, jnp.int32)
+    return x + y, ids, buf_k, buf_v
+
+
+def _forward(ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B, buf: LayerKV, at, tokens_BxT, positions_BxT,
+             new_mask_BxTxN):
+    """All layers (unrolled) over T new tokens per row: (final hidden [B, T, D], routed [B, T, L, K], buffer)."""
+    x = jnp.take(ep["embedding"], tokens_BxT, axis=0).astype(jnp.dtype(cfg.dtype))
+    ids, bk, bv = [], [], []
+    for i, lp in enumerate(ep["layers"]):
+        x, ids_i, k, v = _layer(cfg, cfg.layer_is_moe(i), lp, x, positions_BxT, ctx.k[i], ctx.v[i], ctx_len_B,
+                                buf.k[i], buf.v[i], at, new_mask_BxTxN)
+        ids.append(ids_i)
+        bk.append(k)
+        bv.append(v)
+    return _rms(ep["final_norm"], x, cfg), jnp.stack(ids, axis=2), LayerKV(k=tuple(bk), v=tuple(bv))
+
+
+@jax.named_scope("lm_head")
+def _head(ep, hidden_BxTxD) -> Float[Array, "B T V"]:
+    return jnp.einsum("btd,dv->btv", hidden_BxTxD, ep["head"], preferred_element_type=jnp.float32)
+
+
+def prefill_slot(
+    ep, cfg: ModelConfig, cache: LayerKV, slot: Int[Array, ""], tokens_C: Int[Array, "C"], start: Int[Array, ""],
+    n_valid: Int[Array, ""], *, ctx_len: int,
+) -> tuple[Float[Array, "V"], LayerKV, Int[Array, "C L K"]]:
+    """Writes K/V of `tokens_C` (the first n_valid real, the rest padding) at positions start..start+C-1 of row
+    `slot`; query i sees the row's cached keys j < start and chunk keys <= i. `ctx_len` (static) is a length
+    bucket >= start: only that much of the row is read. Needs start + C <= cache_len (no clamping).
+
+    Returns (fp32 logits of token n_valid-1 [V], cache, routed experts [C, L, K])."""
+    C = tokens_C.shape[0]
+    ctx = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, slot, 0)[:, :, :ctx_len], cache)
+    buf = jax.tree.map(lambda a: jnp.zeros((1, a.shape[1], C, a.shape[3]), a.dtype), cache)
+    causal = (jnp.arange(C)[None, :] <= jnp.arange(C)[:, None])[None]
+    hidden, routed, buf = _forward(ep, cfg, ctx, start[None], buf, 0, tokens_C[None],
+                                   (start + jnp.arange(C, dtype=jnp.int32))[None], causal)
+    cache = jax.tree.map(lambda c, b: jax.lax.dynamic_update_slice(c, b, (slot, 0, start, 0)), cache, buf)
+    h_last = jax.lax.dynamic_index_in_dim(hidden[0], n_valid - 1, axis=0, keepdims=True)
+    return _head(ep, h_last[None])[0, 0], cache, routed[0]
+
+
+def block_context(cache: LayerKV, batch: int, ctx_len: int) -> LayerKV:
+    """The read-only part of the cache a decode block attends to: rows 0..batch-1, positions 0..ctx_len-1."""
+    return jax.tree.map(lambda a: a[:batch, :, :ctx_len], cache)
+
+
+def block_buffer(cache: LayerKV, batch: int, steps: int) -> LayerKV:
+    """Zeroed K/V buffer for the `steps` tokens a decode block may add per row."""
+    return jax.tree.map(lambda a: jnp.zeros((batch, a.shape[1], steps, a.shape[3]), a.dtype), cache)
+
+
+def block_decode_step(
+    ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B: Int[Array, "B"], buf: LayerKV, step: Int[Array, ""],
+    tokens_B: Int[Array, "B"], positions_B: Int[Array, "B"],
+) -> tuple[Float[Array, "B V"], LayerKV, Int[Array, "B L K"]]:
+    """Step `step` of a decode block: token b at positions_B[b] sees its row's ctx keys j < ctx_len_B[b] (the
+    cached prefix when the block began) and buffer columns 0..step (the block's earlier tokens, then itself).
+    Returns (fp32 next-token logits [B, V], buffer with column `step` written, routed experts [B, L, K])."""
+    N = buf.k[0].shape[2]
+    mask = jnp.broadcast_to(jnp.arange(N) <= step, (tokens_B.shape[0], 1, N))
+    hidden, routed, buf = _forward(ep, cfg, ctx, ctx_len_B, buf, step, tokens_B[:, None], positions_B[:, None], mask)
+    return _head(ep, hidden)[:, 0], buf, routed[:, 0]
+
+
+def block_commit(cache: LayerKV, buf: LayerKV, start_B: Int[Array, "B"], count_B: Int[Array, "B"]) -> LayerKV:
+    """Writes buffer columns 0..count_B[b]-1 of row b at cache positions start_B[b].. (one in-place scatter per
+    layer; columns past count_B[b] are dropped)."""
+    B, _, N, _ = buf.k[0].shape
+    cache_len = cache.k[0].shape[2]
+    j = jnp.arange(N, dtype=jnp.int32)[None, :]
+    pos_BxN = jnp.where(j < count_B[:, None], start_B[:, None] + j, cache_len)
+    rows = jnp.arange(B, dtype=jnp.int32)[:, None]
+    return jax.tree.map(lambda c, b: c.at[rows, :, pos_BxN].set(jnp.swapaxes(b, 1, 2), mode="drop"), cache, buf)
+
+
+def copy_row(cache: LayerKV, src: Int[Array, ""], dst: Int[Array, ""]) -> LayerKV:
+    return jax.tree.map(lambda a: a.at[dst].set(a[src]), cache)

@@ -1,18 +1,23 @@
 """The built-in JAX engine: continuous batching over fixed KV-cache slots, behind the async Engine API.
 
-One background thread owns the device state (params, cache, slot table) and runs the loop
-  admit waiting requests into slots -> prefill ONE chunk of one request -> ONE decode step of all slots
-so a request joins the running batch as soon as a slot is free and leaves it the step it finishes;
-nobody waits for a batch. Decode is overlapped: step n+1 is dispatched from the sampled tokens still on
-device before the host fetches and hands out step n, so Python bookkeeping hides behind device work;
-decode runs on the smallest bucket of leading slots that covers every decoding slot. Long prompts are
-prefilled in fixed chunks interleaved with decode steps, so they do not stall streaming requests. Every
-jitted function has a fixed shape: compiled once per (bucket, max_len, chunk). asyncio callers get
-tokens through `loop.call_soon_threadsafe`.
+One background thread owns the device state (params, cache, per-slot decode state, slot table) and runs
+  admit waiting requests into slots -> prefill up to `prefill_budget` prompt tokens -> ONE decode block
+so a request joins the running batch as soon as a slot is free and leaves it when it finishes; nobody
+waits for a batch. A decode block is up to `decode_steps` tokens per slot in one jitted on-device loop
+(sampling, per-slot stop-token and length checks, early exit), so the host syncs once per block, not per
+token; while a prompt is being prefilled blocks are `prefill_decode_steps` long, so its chunks interleave
+with decoding and do not stall streaming requests. Dispatch is overlapped: block n+1 starts from the decode
+state still on device before the host fetches and hands out block n, so Python bookkeeping hides behind
+device work. A block runs on the smallest bucket of leading slots covering every decoding slot and attends
+over the smallest length bucket covering their sequences; every jitted function has a fixed shape per
+(batch bucket, length bucket): compiled once, never per request. asyncio callers get tokens through
+`loop.call_soon_threadsafe` (one hand-over per request per block, one TokenChunk per token, in order).
 
 Semantics worth knowing (the shim and the trainer rely on them):
 - logprobs: see sampling.py (after temperature, before top-k/top-p truncation; greedy = T 1).
-- stop tokens are included in `token_ids` (the next turn's prompt must contain them token for token).
+- stop tokens are included in `token_ids` (the next turn's prompt must contain them token for token);
+  stop tokens, max_new_tokens and cancellation act per token: nothing after a stop token or past the
+  limit is ever emitted, and a cancelled request gets no further item.
 - routed_experts[i] = experts chosen at the forward step that *produced* token i (the last prompt
   position for i == 0), int32 [n, layers, top_k]: what routing replay needs for the training forward.
 - prompt longer than max_len - 1 -> ContextLengthExceeded; max_new_tokens is clamped to the room
@@ -21,7 +26,7 @@ Semantics worth knowing (the shim and the trainer rely on them):
   old weights, swaps, then runs the queue on the new ones; `"abort"` ends in-flight decodes at once
   with finish_reason "abort" (tokens so far are old-version tokens) and re-queues requests that had
   not produced a token yet. Either way each result carries the one version that produced all of it,
-  and cached prefixes of older versions are dropped.
+  and cached prefixes of older versions are dropped. Swaps never recompile.
 - pause(): stop admitting, wait for in-flight; while paused new calls raise EngineUnavailable
   (unless queue_while_paused), already-queued ones wait for resume().
 """
@@ -37,7 +42,6 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from research.serving.api import (
@@ -49,18 +53,18 @@ from research.serving.api import (
     GenerateResult,
     TokenChunk,
 )
-from research.serving.runner import ModelRunner, StepFunctions
+from research.serving.runner import DecodeState, ModelRunner, SlotSampling, StepFunctions
 from research.serving.sampling import request_key
 from research.serving.scheduler import EngineConfig, Request, SlotTable, common_prefix_len, worth_waiting
 
 log = logging.getLogger(__name__)
 
 
-def _committed(params):
-    """Params explicitly placed (committed) where they are: jit caches key on commitment, and updates
-    are placed the same way, so a weight swap never triggers a recompile."""
+def _committed(tree):
+    """Arrays explicitly placed (committed) where they are: jit caches key on commitment, and updates are
+    placed the same way, so a weight swap never triggers a recompile."""
     dev = jax.devices()[0]
-    return jax.tree.map(lambda a: jax.device_put(a, a.sharding if isinstance(a, jax.Array) else dev), params)
+    return jax.tree.map(lambda a: jax.device_put(a, a.sharding if isinstance(a, jax.Array) else dev), tree)
 
 
 class JaxEngine(Engine):
@@ -68,12 +72,20 @@ class JaxEngine(Engine):
         if config.on_update not in ("drain", "abort"):
             raise ValueError(f"on_update must be 'drain' or 'abort', got {config.on_update!r}")
         self.runner, self.cfg = runner, config
-        self._params, self._version = _committed(params), weight_version
         self._fns = StepFunctions.of(runner)
-        self._cache = _committed(runner.init_cache(config.num_slots, config.max_len + config.prefill_chunk))
-        self._slots = SlotTable(config.num_slots, min_reuse=config.min_reuse)
-        self._tok_buf = _committed(jnp.zeros(config.num_slots, jnp.int32))  # last sampled token per slot
-        self._inflight: tuple | None = None  # a dispatched decode step whose results are not processed yet
+        params = _committed(params)
+        # update_weights takes params in this (training) layout and placement; the runner's layout is served.
+        self._raw_like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params)
+        self._params, self._version = self._fns.prepare(params), weight_version
+        S = config.num_slots
+        self._sampling = SlotSampling(
+            temperature=np.ones(S, np.float32), top_p=np.ones(S, np.float32), top_k=np.full(S, -1, np.int32),
+            key=np.zeros((S, 2), np.uint32), stops=np.full((S, config.max_stop_tokens), -1, np.int32),
+        )
+        self._reset_device()
+        self._slots = SlotTable(S, min_reuse=config.min_reuse)
+        self._override: dict[int, Request | None] = {}  # slots whose device decode state the next block resets
+        self._pending: list[tuple] = []  # dispatched work whose outputs are not handed out yet, in dispatch order
         self._active: dict[int, Request] = {}  # slot -> request
         self._waiting: collections.deque[Request] = collections.deque()
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
@@ -86,6 +98,11 @@ class JaxEngine(Engine):
         self.stats = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
         self._thread.start()
+
+    def _reset_device(self) -> None:
+        """A fresh cache (max_len + one chunk: a padded last chunk never clamps) and an all-idle decode state."""
+        self._cache = _committed(self.runner.init_cache(self.cfg.num_slots, self.cfg.max_len + self.cfg.prefill_chunk))
+        self._state = _committed(DecodeState.zeros(self.cfg.num_slots))
 
     # ---------------------------------------------------------------- Engine API (asyncio side)
     @property
@@ -100,7 +117,12 @@ class JaxEngine(Engine):
         r = self._make_request(req)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        r.emit = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)
+
+        def put_all(items: list) -> None:
+            for item in items:
+                q.put_nowait(item)
+
+        r.emit = lambda items: loop.call_soon_threadsafe(put_all, items)
         self._post(("submit", r))
         done = False
         try:
@@ -134,20 +156,20 @@ class JaxEngine(Engine):
         mode = on_update or self.cfg.on_update
         if mode not in ("drain", "abort"):
             raise ValueError(f"on_update must be 'drain' or 'abort', got {mode!r}")
-        params = self._like_current(params)
+        prepared = self._fns.prepare(self._like_current(params))
         if mode == "drain":
             await self._call(lambda: self._set_admitting(False))
             await self._until_idle()
-        await self._call(lambda: self._swap(params, version))
+        await self._call(lambda: self._swap(prepared, version))
 
     def _like_current(self, params):
         """New params placed and typed exactly like the served ones: a different sharding, commitment or
         dtype would silently recompile every step function (seconds to minutes) on the next call."""
-        old = self._params
-        if jax.tree.structure(params) != jax.tree.structure(old):
+        like = self._raw_like
+        if jax.tree.structure(params) != jax.tree.structure(like):
             raise ValueError("new params have a different tree structure than the served model")
-        cast = jax.tree.map(lambda n, o: np.asarray(n, o.dtype) if n.dtype != o.dtype else n, params, old)
-        return jax.device_put(cast, jax.tree.map(lambda o: o.sharding, old))
+        cast = jax.tree.map(lambda o, n: np.asarray(n, o.dtype) if n.dtype != o.dtype else n, like, params)
+        return jax.device_put(cast, jax.tree.map(lambda o: o.sharding, like))
 
     async def flush_cache(self) -> None:
         await self._call(self._slots.flush)
@@ -211,20 +233,14 @@ class JaxEngine(Engine):
 
     # ---------------------------------------------------------------- engine thread
     def _warmup(self) -> None:
-        """Runs each step function once on slot 0 (free: nothing cached there yet) to compile it."""
-        zero_key = np.zeros(2, np.uint32)
-        C = self.cfg.prefill_chunk
-        self._cache, *_ = self._fns.prefill(
-            self._params, self._cache, jnp.int32(0), np.zeros(C, np.int32), jnp.int32(0), jnp.int32(1),
-            jnp.float32(1.0), jnp.float32(1.0), jnp.int32(-1), zero_key, jnp.int32(0),
-        )
-        S = self.cfg.num_slots
-        for B in self.cfg.buckets():
-            self._cache, self._tok_buf, *_ = self._fns.decode(
-                self._params, self._cache, self._tok_buf, np.zeros(S, np.int32), np.ones(S, bool),
-                np.full(B, self.cfg.max_len, np.int32), np.ones(B, np.float32), np.ones(B, np.float32),
-                np.full(B, -1, np.int32), np.zeros((B, 2), np.uint32), np.zeros(B, np.int32),
-            )
+        """Compiles the step functions (on slot 0, free at start; zero decode steps, so nothing changes):
+        every batch bucket at the shortest length bucket, or every (batch, length) pair with warmup_all."""
+        lengths = self.cfg.len_buckets() if self.cfg.warmup_all else self.cfg.len_buckets()[:1]
+        self._cache = self._fns.copy_slot(self._cache, np.int32(0), np.int32(0))
+        for L in lengths:
+            self._dispatch_prefill(0, np.zeros(self.cfg.prefill_chunk, np.int32), 0, 1, 0, ctx_len=L)
+            for B in self.cfg.buckets():
+                self._dispatch_block(B, L, 0)
         jax.block_until_ready(self._cache)
 
     def _run(self) -> None:
@@ -233,6 +249,7 @@ class JaxEngine(Engine):
                 self._warmup()
             except Exception:
                 log.exception("engine warmup failed (compilation will happen on the first request)")
+                self._reset_device()
         while True:
             if not self._handle_commands():
                 break
@@ -242,7 +259,6 @@ class JaxEngine(Engine):
                 worked = self._decode_step() or worked
             except Exception as e:  # a device error must not leave callers hanging forever
                 log.exception("engine step failed")
-                self._inflight = None
                 self._fail_all(EngineError(f"engine step failed: {e!r}"))
                 worked = False
             self._notify_idle()
@@ -264,7 +280,7 @@ class JaxEngine(Engine):
             elif kind == "call":
                 fn, reply = arg
                 try:
-                    self._process_inflight()  # control calls see every dispatched token accounted for
+                    self._hand_out_pending()  # control calls see every dispatched token accounted for
                     reply(fn(), None)
                 except Exception as e:
                     reply(None, e)
@@ -286,7 +302,7 @@ class JaxEngine(Engine):
                 self._finish(r, "abort")
             else:  # nothing emitted yet: run it again from scratch on the new weights
                 self._release(r, keep=False)
-                r.filled, r.slot = 0, -1
+                r.filled, r.slot, r.dispatched = 0, -1, 0
                 self._waiting.appendleft(r)
         self._params, self._version = params, version
         self._slots.flush()
@@ -301,11 +317,20 @@ class JaxEngine(Engine):
             self._release(r, keep=True)
 
     def _fail_all(self, exc: BaseException) -> None:
+        """Fails every request; the device state may be gone (donated buffers of a failed call): start afresh."""
         for r in list(self._active.values()) + list(self._waiting):
+            r.outbox = None
             r.send(exc)
             if r.slot >= 0:
                 self._release(r, keep=False)
         self._waiting.clear()
+        self._pending.clear()
+        self._override.clear()
+        self._slots = SlotTable(self.cfg.num_slots, min_reuse=self.cfg.min_reuse)
+        try:
+            self._reset_device()
+        except Exception:
+            log.exception("could not re-allocate the engine's device state")
 
     def _admit(self) -> None:
         """Moves waiting requests into slots, FIFO, except one that shares at least a chunk of prompt
@@ -328,11 +353,12 @@ class JaxEngine(Engine):
                 self._waiting.appendleft(r)
                 break
             if p.copy_from is not None:
-                self._cache = self._fns.copy_slot(self._cache, jnp.int32(p.copy_from), jnp.int32(p.slot))
+                self._cache = self._fns.copy_slot(self._cache, np.int32(p.copy_from), np.int32(p.slot))
                 self.stats["slot_copies"] += 1
             self._slots.acquire(p, r.prompt, r.req.session_id, self._version)
             r.slot, r.filled, r.version = p.slot, p.reuse, self._version
             self._active[p.slot] = r
+            self._set_sampling(r)
             self.stats["reused_tokens"] += p.reuse
             self.stats["admitted"] += 1
             if r.filled < len(r.prompt) and len(r.prompt) > C:
@@ -340,76 +366,127 @@ class JaxEngine(Engine):
         self._waiting.extendleft(reversed(deferred))
         self.stats["deferred_for_prefix"] += len(deferred)
 
+    def _set_sampling(self, r: Request) -> None:
+        s, sp, smp = r.slot, r.req.sampling, self._sampling
+        smp.temperature[s], smp.top_p[s], smp.top_k[s], smp.key[s] = sp.temperature, sp.top_p, sp.top_k, r.key
+        stops = list(sp.stop_token_ids)[: self.cfg.max_stop_tokens]
+        smp.stops[s] = -1
+        smp.stops[s, : len(stops)] = stops
+
     def _prefill_step(self) -> bool:
-        """Prefills one chunk of the oldest request still prefilling; samples its first token at the end."""
-        pending = [r for r in self._active.values() if r.filled < len(r.prompt)]
-        if not pending:
-            return False
-        r = min(pending, key=lambda x: self._slots.slots[x.slot].last_used)
+        """Prefills chunks of the requests still prefilling, oldest first, up to `prefill_budget` tokens (at
+        least one chunk). A prompt's last chunk samples its first token on device and starts the slot
+        decoding there; the token is handed out with the next block's."""
+        pending = sorted((r for r in self._active.values() if r.filled < len(r.prompt)),
+                         key=lambda x: self._slots.slots[x.slot].last_used)
+        budget = max(self.cfg.prefill_budget, 1)
+        for r in pending:
+            while r.filled < len(r.prompt) and budget > 0:
+                budget -= self._prefill_chunk(r)
+        return bool(pending)
+
+    def _prefill_chunk(self, r: Request) -> int:
         C = self.cfg.prefill_chunk
         chunk = r.prompt[r.filled : r.filled + C]
         tokens = np.zeros(C, np.int32)
         tokens[: len(chunk)] = chunk
-        sp = r.req.sampling
-        self._cache, tok, lp, experts = self._fns.prefill(
-            self._params, self._cache, jnp.int32(r.slot), tokens, jnp.int32(r.filled), jnp.int32(len(chunk)),
-            jnp.float32(sp.temperature), jnp.float32(sp.top_p), jnp.int32(sp.top_k), r.key, jnp.int32(0),
-        )
+        last = r.filled + len(chunk) == len(r.prompt)
+        out = self._dispatch_prefill(r.slot, tokens, r.filled, len(chunk), r.max_new if last else 0,
+                                     ctx_len=self.cfg.len_bucket(r.filled))
         self._slots.extend(r.slot, chunk)
         r.filled += len(chunk)
         self.stats["prefill_tokens"] += len(chunk)
-        if r.filled == len(r.prompt):
-            tok, lp, experts = jax.device_get((tok, lp, experts))
-            self._accept(r, int(tok), float(lp), experts)
-        return True
+        if last:
+            self._override.pop(r.slot, None)  # the prefill set this slot's decode state itself
+            r.dispatched = 1
+            self._pending.append(("first", r, out))
+        return C
+
+    def _dispatch_prefill(self, slot: int, tokens: np.ndarray, start: int, n_valid: int, max_new: int, *,
+                          ctx_len: int):
+        smp = SlotSampling(*(a[slot].copy() for a in self._sampling))  # copies: jit may read host memory late
+        self._cache, self._state, *out = self._fns.prefill(
+            self._params, self._cache, self._state, np.int32(slot), tokens, np.int32(start), np.int32(n_valid),
+            *smp, np.int32(max_new), ctx_len=ctx_len,
+        )
+        return out
 
     def _decode_step(self) -> bool:
-        """Dispatches decode step n+1, then processes step n (host work overlaps device work).
-
-        A request whose step-n token turns out to be a stop token got one extra step computed for it:
-        that token is dropped (its K/V lands past the slot's valid prefix, rewritten before any read)."""
-        pending = set(self._inflight[0]) if self._inflight else set()
-        decoding = []
-        for r in self._active.values():
-            n = len(r.out) + (r in pending)
-            if r.filled == len(r.prompt) and n and n < r.max_new and not r.cancelled:
-                decoding.append((r, n))
+        """Dispatches decode block n+1, then hands out block n (host work overlaps device work)."""
+        decoding = [r for r in self._active.values()
+                    if r.filled == len(r.prompt) and 0 < r.dispatched < r.max_new and not r.cancelled]
         if not decoding:
-            return self._process_inflight()
-        top = max(r.slot for r, _ in decoding) + 1
-        B, S = next(b for b in self.cfg.buckets() if b >= top), self.cfg.num_slots
-        host_tok, use_host = np.zeros(S, np.int32), np.zeros(S, bool)
-        positions = np.full(B, self.cfg.max_len, np.int32)
-        temp, top_p = np.ones(B, np.float32), np.ones(B, np.float32)
-        top_k, steps = np.full(B, -1, np.int32), np.zeros(B, np.int32)
-        keys = np.zeros((B, 2), np.uint32)
-        for r, n in decoding:
-            s, sp = r.slot, r.req.sampling
-            if r not in pending:
-                host_tok[s], use_host[s] = r.out[-1], True
-            positions[s] = len(r.prompt) + n - 1
-            temp[s], top_p[s], top_k[s], keys[s], steps[s] = sp.temperature, sp.top_p, sp.top_k, r.key, n
-        self._cache, self._tok_buf, tok_B, lp_B, experts_B = self._fns.decode(
-            self._params, self._cache, self._tok_buf, host_tok, use_host, positions, temp, top_p, top_k, keys, steps
-        )
-        self.stats["decode_steps"] += 1
-        self._process_inflight()
-        self._inflight = ([r for r, _ in decoding], tok_B, lp_B, experts_B)
+            return self._hand_out_pending()
+        top = max(r.slot for r in decoding) + 1
+        B = next(b for b in self.cfg.buckets() if b >= top)
+        # Every decoding slot's cached length when the block starts is at most prompt + dispatched - 1.
+        L = self.cfg.len_bucket(max(len(r.prompt) + r.dispatched - 1 for r in decoding))
+        prefilling = any(r.filled < len(r.prompt) for r in self._active.values())
+        n = self.cfg.prefill_decode_steps if prefilling else self.cfg.decode_steps
+        out = self._dispatch_block(B, L, n)
+        for r in decoding:
+            r.dispatched += n
+        prev, self._pending = self._pending, []
+        self._hand_out(prev)
+        self._pending.append(("block", decoding, out))
         return True
 
-    def _process_inflight(self) -> bool:
-        """Fetches the dispatched step's tokens and hands them out (skipping requests that ended since)."""
-        if self._inflight is None:
-            return False
-        reqs, tok_B, lp_B, experts_B = self._inflight
-        self._inflight = None
-        tok_B, lp_B, experts_B = jax.device_get((tok_B, lp_B, experts_B))
-        for r in reqs:
-            if self._active.get(r.slot) is not r or r.cancelled:
+    def _dispatch_block(self, batch: int, ctx_len: int, n_steps: int):
+        S = self.cfg.num_slots
+        mask = np.zeros(S, bool)
+        host = DecodeState(*(np.zeros(S, np.int32) for _ in range(4)))  # overridden slots: off (left = 0)
+        for s in self._override:
+            mask[s] = True
+        self._override.clear()
+        sampling = SlotSampling(*(a.copy() for a in self._sampling))
+        self._cache, self._state, out = self._fns.decode(
+            self._params, self._cache, self._state, mask, host, sampling, np.int32(n_steps),
+            batch=batch, ctx_len=ctx_len, steps=self.cfg.decode_steps,
+        )
+        self.stats["decode_blocks"] += n_steps > 0
+        return out
+
+    def _hand_out_pending(self) -> bool:
+        prev, self._pending = self._pending, []
+        self._hand_out(prev)
+        return bool(prev)
+
+    def _hand_out(self, records: list[tuple]) -> None:
+        """Fetches dispatched outputs (one sync) and hands their tokens out in order, token by token, skipping
+        requests that ended since; each request's items reach its caller in one hand-over."""
+        if not records:
+            return
+        fetched = jax.device_get([rec[2] for rec in records])
+        touched = []
+        for (kind, reqs, _), out in zip(records, fetched):
+            if kind == "first":
+                reqs = [reqs]
+            for r in reqs:
+                if r.outbox is None:
+                    r.outbox = []
+                    touched.append(r)
+            if kind == "first":
+                if self._live(reqs[0]):
+                    tok, lp, experts = out
+                    self._accept(reqs[0], int(tok), float(lp), experts)
                 continue
-            self._slots.extend(r.slot, [r.out[-1]])
-            self._accept(r, int(tok_B[r.slot]), float(lp_B[r.slot]), experts_B[r.slot])
-        return True
+            if out.overflow:
+                raise EngineError("a decode block read past its length bucket (engine bug)")
+            self.stats["decode_steps"] += int(out.count.max(initial=0))
+            for r in reqs:
+                s = r.slot
+                for i in range(int(out.count[s])):
+                    if not self._live(r):
+                        break
+                    self._slots.extend(s, [r.out[-1]])  # the block fed it: its K/V are in the cache now
+                    self._accept(r, int(out.tokens[i, s]), float(out.logprobs[i, s]), out.experts[i, s])
+        for r in touched:
+            r.flush()
+            if r.cancelled:  # its caller's event loop is gone
+                self._release(r, keep=True)
+
+    def _live(self, r: Request) -> bool:
+        return self._active.get(r.slot) is r and not r.cancelled
 
     def _accept(self, r: Request, tok: int, lp: float, experts: np.ndarray) -> None:
         r.out.append(tok)
@@ -418,9 +495,7 @@ class JaxEngine(Engine):
             r.experts.append(np.asarray(experts, np.int32))
         self.stats["generated_tokens"] += 1
         r.send(TokenChunk(token_ids=[tok], logprobs=[lp]))
-        if r.cancelled:
-            self._release(r, keep=True)
-        elif tok in r.req.sampling.stop_token_ids:
+        if tok in r.req.sampling.stop_token_ids:
             self._finish(r, "stop")
         elif len(r.out) >= r.max_new:
             self._finish(r, "length")
@@ -442,3 +517,4 @@ class JaxEngine(Engine):
         if self._active.get(r.slot) is r:
             del self._active[r.slot]
             self._slots.release(r.slot, keep=keep and self.cfg.keep_cache)
+            self._override[r.slot] = None  # switch the slot's decode state off on device

@@ -1,20 +1,21 @@
 """`ModelRunner` for the project's Qwen3 / Qwen3-MoE (research.models), used by the JAX engine.
 
-Prefill and decode are `research.models.decode.prefill` / `decode_step`: the very module the trainer
-calls (`Qwen3.apply`) in its KV-cache mode, so projections, norms, RoPE and MoE routing are shared code
-and the engine's logprobs equal the trainer's `token_logprobs` on the full forward (tested to 1e-5).
-Only the last valid token of a prefill chunk goes through the LM head.
+Prefill and decode are the engine fast path of `research.models.decode` (`prefill_slot`, `block_*`): the
+training module's layer math (the same RMSNorm / MLP / MoEBlock modules, `rope`, projections) over a length
+bucket of the cache plus the tokens being added, so the engine's logprobs equal the trainer's
+`token_logprobs` on the full forward (tested to 1e-5). Only the last valid token of a prefill chunk goes
+through the LM head.
 """
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from research.models import KVCache, ModelConfig
+from research.models import ModelConfig
 from research.models import decode as model_decode
+from research.models.decode import LayerKV
 from research.serving.runner import ModelRunner
 
 
@@ -23,25 +24,36 @@ class Qwen3Runner(ModelRunner):
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
         self.routing_shape = (cfg.num_layers, cfg.num_experts_per_tok) if cfg.is_moe else None
-        self.cache_dtype = jnp.dtype(cache_dtype or cfg.dtype)
+        self.cache_dtype = jax.numpy.dtype(cache_dtype or cfg.dtype)
 
-    def init_cache(self, slots: int, cache_len: int) -> KVCache:
-        return model_decode.init_cache(self.cfg, slots, cache_len, self.cache_dtype)
+    def init_cache(self, slots: int, cache_len: int) -> LayerKV:
+        return model_decode.init_layer_cache(self.cfg, slots, cache_len, self.cache_dtype)
 
-    def prefill(self, params, cache, slot: Int[Array, ""], tokens_C, start, n_valid):
-        logits_1xV, cache, routed_1xCxLxK = model_decode.prefill(
-            params, self.cfg, cache, tokens_C[None], n_valid[None], slots_B=slot[None], start_B=start[None]
-        )
-        experts = jax.lax.dynamic_index_in_dim(routed_1xCxLxK[0], n_valid - 1, axis=0, keepdims=False)
-        return cache, logits_1xV[0], experts if self.routing_shape else None
+    def prepare_params(self, params):
+        return model_decode.engine_params(params, self.cfg)
 
-    def decode(self, params, cache, tokens_B, positions_B):
-        logits_BxV, cache, routed_BxLxK = model_decode.decode_step(params, self.cfg, cache, tokens_B, positions_B)
-        return cache, logits_BxV, routed_BxLxK if self.routing_shape else None
+    def prefill(self, params, cache, slot: Int[Array, ""], tokens_C, start, n_valid, *, ctx_len: int):
+        logits_V, cache, routed_CxLxK = model_decode.prefill_slot(params, self.cfg, cache, slot, tokens_C, start,
+                                                                  n_valid, ctx_len=ctx_len)
+        experts = jax.lax.dynamic_index_in_dim(routed_CxLxK, n_valid - 1, axis=0, keepdims=False)
+        return cache, logits_V, experts if self.routing_shape else None
 
-    def copy_slot(self, cache: KVCache, src, dst) -> KVCache:
-        """Cache leaves are [layers, slots, len, K, Dh]: the slot axis is 1."""
-        return jax.tree.map(lambda a: a.at[:, dst].set(a[:, src]), cache)
+    def block_context(self, cache, batch: int, ctx_len: int):
+        return model_decode.block_context(cache, batch, ctx_len)
+
+    def block_buffer(self, cache, batch: int, steps: int):
+        return model_decode.block_buffer(cache, batch, steps)
+
+    def block_step(self, params, ctx, ctx_len_B, buf, step, tokens_B, positions_B):
+        logits_BxV, buf, routed_BxLxK = model_decode.block_decode_step(params, self.cfg, ctx, ctx_len_B, buf, step,
+                                                                       tokens_B, positions_B)
+        return logits_BxV, buf, routed_BxLxK if self.routing_shape else None
+
+    def block_commit(self, cache, buf, start_B, count_B):
+        return model_decode.block_commit(cache, buf, start_B, count_B)
+
+    def copy_slot(self, cache: LayerKV, src, dst) -> LayerKV:
+        return model_decode.copy_row(cache, src, dst)
 
 
 def unbox(params):

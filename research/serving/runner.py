@@ -1,24 +1,31 @@
 """The model side of the JAX engine: a small runner interface plus the jitted step functions.
 
-The engine (jax_engine.py) only needs four pure functions of a model; `ModelRunner` names them so the
+The engine (jax_engine.py) needs a handful of pure functions of a model; `ModelRunner` names them so the
 scheduler, sampling and asyncio plumbing never depend on a particular model. `Qwen3Runner` (qwen3_runner.py)
-implements it on top of `research.models`.
+implements it on top of `research.models.decode`.
 
-Cache layout contract: the cache is a pytree allocated once with `cache_len` positions per slot. The
-engine keeps `cache_len = max_len + prefill_chunk`: positions >= max_len are scratch, written by idle
-decode slots and by the padding of a last prefill chunk, and never read by a real query (a query at
-position p reads keys 0..p only). So an idle slot never clobbers a parked cache, and a padded chunk is
-never shifted by dynamic_update_slice clamping.
+Cache layout contract: the cache is a pytree allocated once with `cache_len` positions per slot. The engine
+keeps `cache_len = max_len + prefill_chunk`, so a padded last prefill chunk is never shifted by
+dynamic_update_slice clamping; positions past a slot's valid prefix hold garbage that no query ever reads.
+
+Decode runs in *blocks*: one jitted call runs up to `steps` decode steps of the first B slots in an
+on-device `while_loop` (sampling, per-slot stop-token and length checks, early exit when every slot is
+done), so the host syncs once per block, not once per token. The slots' decode state (`DecodeState`: last
+token, position, tokens left, sampling step) lives on device between calls; the host only overrides the
+slots it changed (a request that finished or was cancelled on the host side is switched off). A block
+attends over a static length bucket `ctx_len` of the cache plus its own new tokens (see decode.py), so its
+cost follows the sequences' lengths, not the cache's.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from research.serving.sampling import sample_tokens
 
@@ -32,20 +39,34 @@ class ModelRunner(abc.ABC):
     @abc.abstractmethod
     def init_cache(self, slots: int, cache_len: int): ...
 
-    @abc.abstractmethod
-    def prefill(
-        self, params, cache, slot: Int[Array, ""], tokens_C: Int[Array, "C"], start: Int[Array, ""],
-        n_valid: Int[Array, ""],
-    ):
-        """Writes K/V of `tokens_C` at positions start..start+C-1 of `slot`; query i sees keys 0..start+i.
-        Tokens from `n_valid` on are padding (their K/V land in positions that are rewritten later).
-
-        Returns (cache, logits_V fp32 of token n_valid-1, its routed experts LxK int32 or None): only the
-        last valid token's head is needed, and [C, V] logits at V=152k would dominate a prefill chunk."""
+    def prepare_params(self, params):
+        """The served params in the runner's own layout (jitted once per weight update). Default: as given."""
+        return params
 
     @abc.abstractmethod
-    def decode(self, params, cache, tokens_B: Int[Array, "B"], positions_B: Int[Array, "B"]):
-        """One token per slot at its own position. Returns (cache, logits_BxV fp32, experts_BxLxK or None)."""
+    def prefill(self, params, cache, slot: Int[Array, ""], tokens_C: Int[Array, "C"], start: Int[Array, ""],
+                n_valid: Int[Array, ""], *, ctx_len: int):
+        """Writes K/V of `tokens_C` at positions start..start+C-1 of `slot`; query i sees keys 0..start+i
+        (reading only the first `ctx_len` >= start cached positions). Tokens from `n_valid` on are padding.
+
+        Returns (cache, logits_V fp32 of token n_valid-1, its routed experts LxK int32 or None)."""
+
+    @abc.abstractmethod
+    def block_context(self, cache, batch: int, ctx_len: int):
+        """The read-only cache part a decode block of the first `batch` slots attends to."""
+
+    @abc.abstractmethod
+    def block_buffer(self, cache, batch: int, steps: int):
+        """A zeroed buffer for the K/V of the up to `steps` tokens a block adds per slot."""
+
+    @abc.abstractmethod
+    def block_step(self, params, ctx, ctx_len_B, buf, step, tokens_B, positions_B):
+        """Decode step `step` of a block: token b at positions_B[b] sees its slot's cached keys j < ctx_len_B[b]
+        and buffer columns 0..step. Returns (logits_BxV fp32, buf, experts_BxLxK or None)."""
+
+    @abc.abstractmethod
+    def block_commit(self, cache, buf, start_B, count_B):
+        """Writes buffer columns 0..count_B[b]-1 into slot b's cache from position start_B[b]."""
 
     def copy_slot(self, cache, src: Int[Array, ""], dst: Int[Array, ""]):
         """Copies slot `src`'s whole cache row into `dst` (prefix sharing between slots).
@@ -54,13 +75,48 @@ class ModelRunner(abc.ABC):
         return jax.tree.map(lambda a: a.at[dst].set(a[src]), cache)
 
 
-def _no_experts(n: int, shape: tuple[int, int] | None):
-    L, K = shape or (0, 0)
-    return jnp.zeros((n, L, K), jnp.int32)
+class DecodeState(NamedTuple):
+    """Per-slot decode state kept on device between blocks ([S] each).
+
+    tok: the token to feed next (the last one sampled); pos: the position it is fed at (= the slot's valid
+    cache length); left: tokens the slot may still produce (0 = not decoding); step: the sampling step index
+    of the next token (the request's token count: seeds fold it in)."""
+
+    tok: Int[Array, "S"]
+    pos: Int[Array, "S"]
+    left: Int[Array, "S"]
+    step: Int[Array, "S"]
+
+    @classmethod
+    def zeros(cls, slots: int) -> DecodeState:
+        return cls(*(jnp.zeros(slots, jnp.int32) for _ in range(4)))
+
+
+class SlotSampling(NamedTuple):
+    """Per-slot sampling parameters ([S] each; host arrays passed with every call)."""
+
+    temperature: Float[Array, "S"]
+    top_p: Float[Array, "S"]
+    top_k: Int[Array, "S"]
+    key: UInt32[Array, "S 2"]
+    stops: Int[Array, "S M"]  # stop token ids, padded with -1
+
+
+class BlockOutput(NamedTuple):
+    tokens: Int[Array, "N B"]  # token i of slot b (rows past count[b] are garbage)
+    logprobs: Float[Array, "N B"]
+    experts: Int[Array, "N B L K"]
+    count: Int[Array, "B"]  # tokens slot b produced in this block
+    overflow: Bool[Array, ""]  # a decoding slot's prefix exceeded ctx_len (an engine bug; never expected)
+
+
+def _no_experts(shape: tuple[int, ...], routing_shape: tuple[int, int] | None):
+    L, K = routing_shape or (0, 0)
+    return jnp.zeros(shape + (L, K), jnp.int32)
 
 
 class StepFunctions:
-    """The three jitted functions of the engine loop, compiled once per (slots, cache_len, chunk).
+    """The jitted functions of the engine loop, compiled once per (slots, cache_len, chunk) and bucket.
 
     Use `StepFunctions.of(runner)`: engines built on the same runner share compilations."""
 
@@ -73,59 +129,91 @@ class StepFunctions:
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.prefill = jax.jit(functools.partial(_prefill_and_sample, runner), donate_argnums=(1,))
-        self.decode = jax.jit(functools.partial(_decode_and_sample, runner), donate_argnums=(1, 2))
+        self.prepare = jax.jit(runner.prepare_params)
+        self.prefill = jax.jit(functools.partial(_prefill_and_sample, runner), static_argnames=("ctx_len",),
+                               donate_argnums=(1, 2))
+        self.decode = jax.jit(functools.partial(_decode_block, runner),
+                              static_argnames=("batch", "ctx_len", "steps"), donate_argnums=(1, 2))
         self.copy_slot = jax.jit(runner.copy_slot, donate_argnums=(0,))
+
+    def compiled(self) -> int:
+        """How many executables the step functions hold (tests: no recompiles across requests)."""
+        return sum(f._cache_size() for f in (self.prepare, self.prefill, self.decode, self.copy_slot))
 
 
 def _prefill_and_sample(
-    runner: ModelRunner, params, cache, slot, tokens_C, start, n_valid, temperature, top_p, top_k, key, step
+    runner: ModelRunner, params, cache, state: DecodeState, slot, tokens_C, start, n_valid, temperature, top_p,
+    top_k, key, stops_M, max_new, *, ctx_len: int,
 ):
-    """Prefills one chunk into one slot and samples from the logits of its last valid token."""
-    cache, logits_V, experts_LxK = runner.prefill(params, cache, slot, tokens_C, start, n_valid)
+    """Prefills one chunk into one slot; on the prompt's last chunk (`max_new` > 0) samples the first token
+    from its last valid position and starts the slot decoding in `state` (unless that token already ends it).
+    """
+    cache, logits_V, experts_LxK = runner.prefill(params, cache, slot, tokens_C, start, n_valid, ctx_len=ctx_len)
     tok_1, lp_1 = sample_tokens(
-        logits_V[None],
-        temperature_B=temperature[None],
-        top_p_B=top_p[None],
-        top_k_B=top_k[None],
-        keys_Bx2=key[None],
-        steps_B=step[None],
+        logits_V[None], temperature_B=temperature[None], top_p_B=top_p[None], top_k_B=top_k[None],
+        keys_Bx2=key[None], steps_B=jnp.zeros(1, jnp.int32),
+    )
+    tok = tok_1[0]
+    left = jnp.where(jnp.any(stops_M == tok) | (max_new <= 1), 0, max_new - 1)
+    last = max_new > 0
+    state = DecodeState(
+        tok=state.tok.at[slot].set(jnp.where(last, tok, state.tok[slot])),
+        pos=state.pos.at[slot].set(jnp.where(last, start + n_valid, state.pos[slot])),
+        left=state.left.at[slot].set(jnp.where(last, left, state.left[slot])),
+        step=state.step.at[slot].set(jnp.where(last, 1, state.step[slot])),
     )
     if experts_LxK is None:
-        experts_LxK = _no_experts(1, runner.routing_shape)[0]
-    return cache, tok_1[0], lp_1[0], experts_LxK
+        experts_LxK = _no_experts((), runner.routing_shape)
+    return cache, state, tok, lp_1[0], experts_LxK
 
 
-def _decode_and_sample(
-    runner: ModelRunner,
-    params,
-    cache,
-    tok_buf_S: Int[Array, "S"],
-    host_tok_S: Int[Array, "S"],
-    use_host_S,
-    positions_B: Int[Array, "B"],
-    temperature_B: Float[Array, "B"],
-    top_p_B: Float[Array, "B"],
-    top_k_B: Int[Array, "B"],
-    keys_Bx2,
-    steps_B: Int[Array, "B"],
+def _decode_block(
+    runner: ModelRunner, params, cache, state: DecodeState, override_S: Bool[Array, "S"], host: DecodeState,
+    sampling: SlotSampling, n_steps: Int[Array, ""], *, batch: int, ctx_len: int, steps: int,
 ):
-    """One decode step of the first B slots (B = the bucket, static via positions_B's shape).
+    """Up to `n_steps` (<= `steps`, static buffer size) decode steps of slots 0..batch-1 in one on-device loop.
 
-    Input tokens come from `tok_buf_S` — the previous step's samples, still on device, so the engine
-    can dispatch step n+1 before it has fetched step n — except where `use_host_S` (slots whose last
-    token the host set: the first token after a prefill). Returns the updated buffer too."""
-    B = positions_B.shape[0]
-    tokens_B = jnp.where(use_host_S, host_tok_S, tok_buf_S)[:B]
-    cache, logits_BxV, experts = runner.decode(params, cache, tokens_B, positions_B)
-    tok_B, lp_B = sample_tokens(
-        logits_BxV,
-        temperature_B=temperature_B,
-        top_p_B=top_p_B,
-        top_k_B=top_k_B,
-        keys_Bx2=keys_Bx2,
-        steps_B=steps_B,
+    Slots with `override_S` take their state from `host` first (the host switched them off or on). A slot
+    decodes while `left > 0`: each step feeds its token, samples the next, and stops it at a stop token or
+    when `left` runs out; the loop ends early once no slot is left. K/V of the block's tokens are written
+    into the cache once at the end. Returns (cache, state, BlockOutput)."""
+    state = DecodeState(*(jnp.where(override_S, h, s) for h, s in zip(host, state)))
+    B = batch
+    tok0, start_B, left0, step0 = (a[:B] for a in state)
+    samp = SlotSampling(*(a[:B] for a in sampling))
+    live0 = left0 > 0
+    overflow = jnp.any(live0 & (start_B > ctx_len))
+    with jax.named_scope("cache_io"):
+        ctx = runner.block_context(cache, B, ctx_len)
+    ctx_len_B = jnp.where(live0, start_B, 0)
+    out = BlockOutput(
+        tokens=jnp.zeros((steps, B), jnp.int32), logprobs=jnp.zeros((steps, B), jnp.float32),
+        experts=_no_experts((steps, B), runner.routing_shape), count=jnp.zeros(B, jnp.int32), overflow=overflow,
     )
-    if experts is None:
-        experts = _no_experts(B, runner.routing_shape)
-    return cache, tok_buf_S.at[:B].set(tok_B), tok_B, lp_B, experts
+
+    def cond(carry):
+        i, _, _, left, _, _, _ = carry
+        return (i < n_steps) & jnp.any(left > 0)
+
+    def body(carry):
+        i, tok, pos, left, step, buf, out = carry
+        logits_BxV, buf, experts = runner.block_step(params, ctx, ctx_len_B, buf, i, tok, pos)
+        with jax.named_scope("sampling"):
+            new, lp = sample_tokens(logits_BxV, temperature_B=samp.temperature, top_p_B=samp.top_p,
+                                    top_k_B=samp.top_k, keys_Bx2=samp.key, steps_B=step)
+        live = left > 0
+        stopped = jnp.any(samp.stops == new[:, None], axis=-1)
+        if experts is None:
+            experts = _no_experts((B,), runner.routing_shape)
+        out = out._replace(tokens=out.tokens.at[i].set(new), logprobs=out.logprobs.at[i].set(lp),
+                           experts=out.experts.at[i].set(experts), count=out.count + live)
+        left = jnp.where(live, jnp.where(stopped, 0, left - 1), 0)
+        inc = live.astype(jnp.int32)
+        return i + 1, jnp.where(live, new, tok), pos + inc, left, step + inc, buf, out
+
+    carry = (jnp.int32(0), tok0, start_B, left0, step0, runner.block_buffer(cache, B, steps), out)
+    _, tok, pos, left, step, buf, out = jax.lax.while_loop(cond, body, carry)
+    with jax.named_scope("cache_io"):
+        cache = runner.block_commit(cache, buf, start_B, out.count)
+    state = DecodeState(*(s.at[:B].set(n) for s, n in zip(state, (tok, pos, left, step))))
+    return cache, state, out

@@ -146,9 +146,26 @@ class EngineConfig:
     queue_while_paused: bool = False
     retry_after_s: float = 1.0
     warmup: bool = True  # compile the step functions when the engine starts, not on the first request
+    warmup_all: bool = False  # ... for every (batch, length) bucket, not just the shortest length bucket
     # Decode runs on the first k slots, k the smallest bucket covering every decoding slot: one request
     # does not pay for 32 slots. () = 1, 4, 16, ... below num_slots, then num_slots (one compile each).
     decode_buckets: tuple[int, ...] = ()
+    # Attention reads the first n cache positions, n the smallest bucket covering every decoding slot's
+    # sequence. () = 256, 1024, 4096, ... below max_len, then max_len (compiled on first use).
+    length_buckets: tuple[int, ...] = ()
+    decode_steps: int = 8  # decode steps per dispatch (one host sync per block of this many tokens)
+    prefill_budget: int = 512  # prompt tokens prefilled between two decode blocks (at least one chunk)
+    prefill_decode_steps: int = 2  # ... while a prompt is being prefilled (its chunks interleave with decode)
+    max_stop_tokens: int = 8  # stop ids checked on device per request (the host checks every one)
+
+    def __post_init__(self):
+        if self.on_update not in ("drain", "abort"):
+            raise ValueError(f"on_update must be 'drain' or 'abort', got {self.on_update!r}")
+        if not 1 <= self.prefill_decode_steps <= self.decode_steps:
+            raise ValueError(f"need 1 <= prefill_decode_steps <= decode_steps, got {self.prefill_decode_steps}, "
+                             f"{self.decode_steps}")
+        self.buckets()
+        self.len_buckets()
 
     def buckets(self) -> tuple[int, ...]:
         if self.decode_buckets:
@@ -158,13 +175,25 @@ class EngineConfig:
         out = [b for b in (4**i for i in range(self.num_slots.bit_length())) if b < self.num_slots]
         return (*out, self.num_slots)
 
+    def len_buckets(self) -> tuple[int, ...]:
+        if self.length_buckets:
+            if max(self.length_buckets) != self.max_len or min(self.length_buckets) < 1:
+                raise ValueError(f"length_buckets {self.length_buckets} must be >= 1 and end at max_len={self.max_len}")
+            return tuple(sorted(set(self.length_buckets)))
+        out = [b for b in (256 * 4**i for i in range(self.max_len.bit_length())) if b < self.max_len]
+        return (*out, self.max_len)
+
+    def len_bucket(self, n: int) -> int:
+        """The smallest length bucket holding n cached positions."""
+        return next(b for b in self.len_buckets() if b >= n)
+
 
 @dataclasses.dataclass(eq=False)
 class Request:
     """Engine-internal state of one request; touched only by the engine thread after submission."""
 
     req: GenerateRequest
-    emit: Callable[[object], None]
+    emit: Callable[[list], None]  # hands a list of stream items to the caller's event loop, in order
     max_new: int
     key: np.ndarray
     slot: int = -1
@@ -174,6 +203,8 @@ class Request:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     experts: list[np.ndarray] = dataclasses.field(default_factory=list)
     cancelled: bool = False
+    dispatched: int = 0  # upper bound on the tokens the device has been asked to produce so far
+    outbox: list | None = None  # while not None, send() collects items here (one hand-over per block)
     _head: tuple[int, int] | None = None
 
     @property
@@ -187,8 +218,19 @@ class Request:
         return self._head[1]
 
     def send(self, item: object) -> None:
-        """Hands `item` to the caller's event loop; a caller whose loop is gone counts as cancelled."""
+        if self.outbox is not None:
+            self.outbox.append(item)
+        else:
+            self._emit([item])
+
+    def flush(self) -> None:
+        items, self.outbox = self.outbox, None
+        if items:
+            self._emit(items)
+
+    def _emit(self, items: list) -> None:
+        """A caller whose event loop is gone counts as cancelled."""
         try:
-            self.emit(item)
+            self.emit(items)
         except RuntimeError:  # "Event loop is closed"
             self.cancelled = True
