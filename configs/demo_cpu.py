@@ -42,9 +42,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         embedding_init_std=0.2)
     config.mesh.update(data=1)
     config.optim.update(learning_rate=4e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
-    # RL after the SFT warm start: fresh Adam moments and a 4x lower lr (at the SFT lr, GRPO collapses the policy)
+    # RL after the SFT warm start: fresh Adam moments and an 8x lower lr (at the SFT lr, GRPO collapses the policy)
     config.rl_optim = default_optim_config()
-    config.rl_optim.update(learning_rate=1e-3, schedule="constant", warmup_steps=0, weight_decay=0.0, clip_norm=1.0)
+    config.rl_optim.update(learning_rate=5e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, clip_norm=1.0)
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
     # loss_slots: LM-head slots per row, doubled until every row fits (SFT rows need 64, RL rows 128)
     config.train.update(steps=20, batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32,
@@ -56,7 +56,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.rollout.update(
         mode="sync", max_off_policy_steps=1, lookahead=1,
         harnesses="reference_bash",  # "name:weight,..." e.g. "reference_bash:1,claude_code:1"
-        groups_per_step=4, group_size=4, backend="bwrap", concurrency=4, timeout_s=120, reward_timeout_s=30,
+        groups_per_step=4, group_size=8, backend="bwrap", concurrency=4, timeout_s=120, reward_timeout_s=30,
         infra_retries=2, max_turns=3, max_extra_rounds=1, sandbox_cpus=1.0, sandbox_memory_mb=1024, progress=False,
         fsync=True, enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0)
     # the serving context bounds a rollout path, which must fit one packed row (row_len)
