@@ -25,7 +25,6 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"skipped under HARNESS_RL_STRICT=1 (a missing dependency is a failure here): {reason}"
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_QWEN3 = REPO.parent / "shared" / "qwen3"
 
 
 @pytest.fixture(scope="session")

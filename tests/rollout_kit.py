@@ -15,7 +15,12 @@ from harness_env.runner import RolloutSpec, Runner, RunnerConfig
 from harness_env.sandbox import Limits
 from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
 
-CLAWGYM_TRAIN = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "clawgym" / "train"
+# $HARNESS_RL_CLAWGYM, else ../shared beside the clone (this repo's CI layout), else this workplace's /work/shared
+_CLAWGYM_CANDIDATES = [pathlib.Path(p) for p in (os.environ.get("HARNESS_RL_CLAWGYM", ""),) if p] + [
+    pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "clawgym" / "train",
+    pathlib.Path("/work/shared/clawgym/train")]
+CLAWGYM_TRAIN = next((p for p in _CLAWGYM_CANDIDATES if (p / "task_0185" / "data_entry.json").exists()),
+                     _CLAWGYM_CANDIDATES[0])
 WS = "/root/.openclaw/workspace"
 
 # task_0185 (real, as shipped): read input/project.json, write output/plan.json + output/USAGE.md. The checker
@@ -44,7 +49,7 @@ DO_NOTHING = "I did not change anything."
 def clawgym_train() -> pathlib.Path:
     """The 2000 real ClawGym tasks (../shared/clawgym/train, this repo's CI layout), else skip."""
     if not (CLAWGYM_TRAIN / "task_0185" / "data_entry.json").exists():
-        pytest.skip("../shared/clawgym/train not present")
+        pytest.skip(f"the ClawGym tasks are not at any of {[str(p) for p in _CLAWGYM_CANDIDATES]}")
     return CLAWGYM_TRAIN
 
 
