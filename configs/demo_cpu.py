@@ -9,7 +9,7 @@ reference agent (`reference_bash`: bash tool only, ~180-token prompts), the make
     python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/demo
     python -m launch.train --config=configs/demo_cpu.py:control --workdir=/tmp/control   # same minutes on SFT
     python -m launch.train --config=configs/demo_cpu.py:long --workdir=/tmp/long         # 2x the RL steps
-    python -m launch.plot /tmp/demo /tmp/control --out=/tmp/demo_vs_control.png
+    python -m launch.plot --workdirs=/tmp/demo,/tmp/control --out=/tmp/demo_vs_control.png
 
 What makes a 2-layer model trained from scratch learn to copy NAME/WORD from the prompt within minutes:
 an embedding init std of 0.2 (at 0.02 Adam's common-mode drift makes the 16 words' embeddings collide and
