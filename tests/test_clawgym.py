@@ -4,13 +4,13 @@ that solves a real task and a do-nothing run through the reference harness (bwra
 the tiny JAX policy on 10 real tasks, and `python -m launch.eval --tasks=... --limit=N` itself."""
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import pathlib
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 from rollout_kit import (
     DO_NOTHING,
@@ -44,6 +44,7 @@ def test_all_2000_real_tasks_load_with_their_workspace_path():
 def test_seeded_split_and_sample_are_one_selection_for_eval_and_the_rl_loop(tmp_path):
     from harness_env.eval.run import task_dirs as eval_task_dirs
     from harness_env.rl.rollouts import task_dirs as loop_task_dirs
+    from research.rl.config import TasksConfig
 
     root = str(clawgym_train())
     train, held = select_tasks(root, split="train"), select_tasks(root, split="heldout")
@@ -59,11 +60,11 @@ def test_seeded_split_and_sample_are_one_selection_for_eval_and_the_rl_loop(tmp_
     assert sample[:5] != train3[:5]  # a random sample, not the first names
     # The same selection behind launch.eval and the RL loop's config.tasks.source = a ClawGym folder.
     assert eval_task_dirs(root, tmp_path, split="train", limit=20, seed=3) == sample
-    cfg = ml_collections.ConfigDict(dict(source=root, seed=3, train_dir="", eval_dir="", limit=20))
+    cfg = TasksConfig(source=root, seed=3, limit=20)  # the run config's `tasks` section (research/rl/config.py)
     assert loop_task_dirs(cfg, tmp_path, "train") == sample
-    cfg.limit = None
+    cfg = dataclasses.replace(cfg, limit=0)
     assert loop_task_dirs(cfg, tmp_path, "heldout") == select_tasks(root, split="heldout", seed=3)
-    fam = ml_collections.ConfigDict(dict(source="make_file", seed=0, train_dir="", eval_dir=""))
+    fam = TasksConfig(source="make_file", seed=0)
     assert len(loop_task_dirs(fam, tmp_path, "heldout")) == 36  # the family keeps its own split
 
 
