@@ -1,5 +1,6 @@
 """Qwen3 tokenizer + chat template loading: parity with transformers, precise load errors."""
 
+import gzip
 import json
 import shutil
 
@@ -25,9 +26,26 @@ def tok(qwen3_tokenizer_dir):
 
 
 @pytest.fixture(scope="module")
-def hf(qwen3_tokenizer_dir):
+def plain_dir(qwen3_tokenizer_dir, tmp_path_factory):
+    """The packaged files in the layout HF ships them (tokenizer.json uncompressed), for transformers and for
+    the tests that remove or break one file."""
+    d = tmp_path_factory.mktemp("qwen3_plain")
+    (d / "tokenizer.json").write_bytes(gzip.decompress((qwen3_tokenizer_dir / "tokenizer.json.gz").read_bytes()))
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        shutil.copy(qwen3_tokenizer_dir / name, d / name)
+    return d
+
+
+@pytest.fixture(scope="module")
+def hf(plain_dir):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+    return transformers.AutoTokenizer.from_pretrained(str(plain_dir))
+
+
+def test_plain_and_packaged_layouts_load_the_same(tok, plain_dir):
+    other = load_tokenizer(plain_dir)
+    text = "<|im_start|>user\nhéllo 🙂 world<|im_end|>\n"
+    assert other.encode(text) == tok.encode(text) and other.vocab_size == tok.vocab_size
 
 
 def test_special_ids_and_roundtrip(tok):
@@ -58,8 +76,8 @@ def _copy(src, dst, drop=()):
     return dst
 
 
-def test_missing_chat_template_names_file_and_key(qwen3_tokenizer_dir, tmp_path):
-    d = _copy(qwen3_tokenizer_dir, tmp_path / "tok")
+def test_missing_chat_template_names_file_and_key(plain_dir, tmp_path):
+    d = _copy(plain_dir, tmp_path / "tok")
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     del cfg["chat_template"]
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
@@ -69,11 +87,11 @@ def test_missing_chat_template_names_file_and_key(qwen3_tokenizer_dir, tmp_path)
     assert load_tokenizer(d).apply_chat_template([{"role": "user", "content": "x"}]) == "x"
 
 
-def test_missing_or_broken_files(qwen3_tokenizer_dir, tmp_path):
-    d = _copy(qwen3_tokenizer_dir, tmp_path / "a", drop=("tokenizer.json",))
+def test_missing_or_broken_files(plain_dir, tmp_path):
+    d = _copy(plain_dir, tmp_path / "a", drop=("tokenizer.json",))
     with pytest.raises(TokenizerLoadError, match=r"a/tokenizer\.json: file missing"):
         Tokenizer.from_dir(d)
-    d = _copy(qwen3_tokenizer_dir, tmp_path / "b")
+    d = _copy(plain_dir, tmp_path / "b")
     (d / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(TokenizerLoadError, match=r"b/tokenizer_config\.json: not valid JSON"):
         load_tokenizer(d)
