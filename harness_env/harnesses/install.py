@@ -77,20 +77,8 @@ async def _run_npm(prefix: pathlib.Path, spec: str, timeout_s: float, node_dir: 
     env = {**env, "npm_config_update_notifier": "false", "npm_config_fund": "false",
            "npm_config_audit": "false", "npm_config_loglevel": "error",
            "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}  # @playwright/mcp: the system chromium is used
-    proc = await asyncio.create_subprocess_exec(
-        "npm", "install", "--prefix", str(prefix), "--no-save", "--omit=dev", spec,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env=env, start_new_session=True,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise InstallError(f"npm install {spec} did not finish within {timeout_s:.0f} s") from None
-    if proc.returncode != 0:
-        tail = out.decode(errors="replace")[-2000:]
-        raise InstallError(f"npm install {spec} exited {proc.returncode}:\n{tail}")
+    await _run(["npm", "install", "--prefix", str(prefix), "--no-save", "--omit=dev", spec], timeout_s,
+               f"npm install {spec}", env=env)
 
 
 async def ensure_installed(pkg: NpmPackage, *, root: pathlib.Path | None = None, timeout_s: float = 900.0,
@@ -159,9 +147,10 @@ def py_installed(pkg: PyPackage, root: pathlib.Path | None = None) -> bool:
     return (py_dir(pkg, root) / MARKER).exists()
 
 
-async def _run(argv: list[str], timeout_s: float, what: str) -> None:
+async def _run(argv: list[str], timeout_s: float, what: str, env: dict[str, str] | None = None) -> None:
+    """Runs an installer command; a timeout or a non-zero exit is an InstallError with the output's tail."""
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                                                stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:

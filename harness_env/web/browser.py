@@ -48,22 +48,11 @@ STEPS_LOG = f"{HRL_DIR}/browser_steps.jsonl"
 HERE = pathlib.Path(__file__).resolve().parent
 RECORDER = HERE / "mcp_recorder.py"
 MCP_SERVER_NAME = "playwright"
-# Tools that only read (no screenshot after them): the page did not change.
-READ_ONLY_TOOLS = (
-    "browser_snapshot",
-    "browser_take_screenshot",
-    "browser_console_messages",
-    "browser_network_requests",
-    "browser_network_request",
-    "browser_close",
-    "browser_tabs",
-    "browser_find",
-)
 
 
 def chromium_available() -> tuple[bool, str]:
     if not os.access(CHROMIUM, os.X_OK):
-        return False, f"{CHROMIUM} missing (apt-get install chromium: .ci/setup.d/45-browsers.sh)"
+        return False, f"{CHROMIUM} missing (apt-get install chromium: .ci/setup.d/35-browsers.sh)"
     return True, ""
 
 
