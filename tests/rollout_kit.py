@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from harness_env.harnesses.base import get_harness
+from harness_env.harnesses.base import Harness, HarnessOutcome, get_harness
 from harness_env.harnesses.scripted import scripted_reply
 from harness_env.runner import RolloutSpec, Runner, RunnerConfig
 from harness_env.sandbox import Limits
@@ -44,6 +44,20 @@ PY
 ls output"""
 SOLVED_0185 = "I wrote output/plan.json and output/USAGE.md."
 DO_NOTHING = "I did not change anything."
+
+
+class ShellHarness(Harness):
+    """A test harness that is one bash script (`script`), run in the workspace: for runner and sandbox tests."""
+
+    api = "openai_chat"
+    script = ""
+
+    def argv(self, prompt, ctx):  # noqa: ANN001, ANN201
+        return ["/bin/bash", "-c", self.script]
+
+    def parse_output(self, r):  # noqa: ANN001, ANN201
+        return HarnessOutcome(completed=r.exit_code == 0 and not r.timed_out, exit_code=r.exit_code,
+                              final_message=r.stdout.strip()[-200:], error=f"exit {r.exit_code}: {r.stderr[-200:]}")
 
 
 def clawgym_train() -> pathlib.Path:

@@ -6,38 +6,27 @@ import json
 import pathlib
 
 import pytest
+from rollout_kit import ShellHarness
 
-from harness_env.harnesses.base import Harness, HarnessOutcome, register
+from harness_env.harnesses.base import register
 from harness_env.runner import Runner, RunnerConfig, plan
 from harness_env.sandbox import Limits, get_backend
 from harness_env.tasks import LIBRARY, family
 from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
 
 
-class _Shell(Harness):
-    api = "openai_chat"
-    script = ""
-
-    def argv(self, prompt, ctx):
-        return ["/bin/bash", "-c", self.script]
-
-    def parse_output(self, r):
-        return HarnessOutcome(completed=r.exit_code == 0 and not r.timed_out, exit_code=r.exit_code,
-                              final_message=r.stdout.strip()[-200:], error=f"exit {r.exit_code}: {r.stderr[-200:]}")
-
-
 @register
-class _Hang(_Shell):
+class _Hang(ShellHarness):
     name, script = "test_hang", "sleep 600"
 
 
 @register
-class _Crash(_Shell):
+class _Crash(ShellHarness):
     name, script = "test_crash", "echo boom >&2; exit 3"
 
 
 @register
-class _BadConfig(_Shell):
+class _BadConfig(ShellHarness):
     name = "test_bad_config"
 
     def argv(self, prompt, ctx):
@@ -47,7 +36,7 @@ class _BadConfig(_Shell):
 
 
 @register
-class _Peek(_Shell):
+class _Peek(ShellHarness):
     """Tries to find the checker while it runs: everything it can see named reward* goes to found.txt."""
 
     name = "test_peek"
@@ -55,7 +44,7 @@ class _Peek(_Shell):
 
 
 @register
-class _FlakyInstall(_Shell):
+class _FlakyInstall(ShellHarness):
     """Solves every make_file task without a model; its install fails the first time (infra)."""
 
     name, script, installs = "test_flaky_install", "echo apple > notes.txt", 0

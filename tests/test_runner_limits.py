@@ -14,43 +14,32 @@ import time
 import types
 
 import pytest
+from rollout_kit import ShellHarness
 
-from harness_env.harnesses.base import Harness, HarnessOutcome, register
+from harness_env.harnesses.base import register
 from harness_env.runner import Runner, RunnerConfig, plan
 from harness_env.sandbox import Limits, SandboxSpec, get_backend
 from harness_env.sandbox import disk as disk_mod
 from research.capture import RolloutResult, read_log
 
 
-class _Shell(Harness):
-    api = "openai_chat"
-    script = ""
-
-    def argv(self, prompt, ctx):
-        return ["/bin/bash", "-c", self.script]
-
-    def parse_output(self, r):
-        return HarnessOutcome(completed=r.exit_code == 0 and not r.timed_out, exit_code=r.exit_code,
-                              final_message=r.stdout.strip()[-200:], error=f"exit {r.exit_code}: {r.stderr[-200:]}")
-
-
 @register
-class _FillWorkspace(_Shell):
+class _FillWorkspace(ShellHarness):
     name, script = "test_fill_workspace", "head -c 40000000 /dev/zero > big; sleep 60"
 
 
 @register
-class _FillHome(_Shell):
+class _FillHome(ShellHarness):
     name, script = "test_fill_home", 'head -c 40000000 /dev/zero > "$HOME/big"; sleep 60'
 
 
 @register
-class _SlowOk(_Shell):
+class _SlowOk(ShellHarness):
     name, script = "test_slow_ok", "sleep 2; echo apple > notes.txt; pwd > where.txt"
 
 
 @register
-class _Forever(_Shell):
+class _Forever(ShellHarness):
     name, script = "test_forever_hrl_cancel_marker", "exec sleep 431"
 
 
