@@ -106,6 +106,8 @@ def run_rollouts(tmp_path: pathlib.Path, engine, tok, specs: list[RolloutSpec], 
     from research.shim.server import ShimServer
 
     cfg_kw.setdefault("limits", Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=330))
+    if backend is not None:  # the config names the backend the runner is given (results record it)
+        cfg_kw.setdefault("backend", backend.name)
     cfg = RunnerConfig(out_dir=tmp_path / "run", progress=False, infra_retries=0,
                        **{"timeout_s": 300, "max_turns": 8, **cfg_kw})
 

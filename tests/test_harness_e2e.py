@@ -8,14 +8,15 @@ import asyncio
 import pathlib
 
 import pytest
+from rollout_kit import logs_of, run_rollouts
 
 from harness_env.harnesses.base import get_harness
 from harness_env.harnesses.scripted import scripted_policy
 from harness_env.rl.rollouts import CappedEngine
-from harness_env.runner import Runner, RunnerConfig, plan
+from harness_env.runner import plan
 from harness_env.sandbox import Limits, get_backend
 from harness_env.tasks import LIBRARY
-from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
+from research.capture import CallRecord, RolloutResult
 from research.serving.api import Engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
@@ -38,32 +39,9 @@ def _backend(name: str):
 
 def _run_rollouts(tmp_path: pathlib.Path, engine: Engine, tok, harness: str, backend, timeout_s: float,
                   shim_options=None) -> tuple[list[RolloutResult], list[CallRecord]]:
-    from research.shim.server import ShimServer
-
-    async def go():
-        log = CaptureLog(tmp_path / "capture.jsonl", fsync=False)
-        server = ShimServer(engine, tok, log, unix_socket=str(tmp_path / "shim.sock"), options=shim_options)
-        await server.start()
-        cfg = RunnerConfig(out_dir=tmp_path / "run", backend=backend.name, timeout_s=timeout_s, progress=False,
-                           infra_retries=0, limits=Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=timeout_s + 30),
-                           max_turns=8)
-        runner = Runner(cfg, server, capture_log=log, backend=backend)
-        try:
-            return await runner.run(plan([TASK], [harness], samples=1))
-        finally:
-            runner.close()
-            await server.stop()
-            log.close()
-
-    results = asyncio.run(go())
-    calls = [r for r in read_log(tmp_path / "capture.jsonl") if isinstance(r, CallRecord)]
-    return results, calls
-
-
-def _logs(tmp_path: pathlib.Path, rollout_id: str) -> str:
-    d = tmp_path / "run" / "rollouts" / rollout_id / "logs"
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in (d / "stdout.txt", d / "stderr.txt")
-                     if p.exists())
+    return run_rollouts(tmp_path, engine, tok, plan([TASK], [harness], samples=1), backend=backend,
+                        shim_options=shim_options, timeout_s=timeout_s,
+                        limits=Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=timeout_s + 30))
 
 
 @pytest.mark.timeout(420)
@@ -79,7 +57,7 @@ def test_real_harness_solves_task_in_sandbox_through_shim(name, backend_name, tm
     harness = get_harness(name)
     engine = ReplayEngine(scripted_policy(harness, [SOLVE], FINAL, tok.decode), tok)
     (res,), calls = _run_rollouts(tmp_path, engine, tok, name, backend, timeout_s=300)
-    assert res.status == "ok", f"{res.status}: {res.message}\n{_logs(tmp_path, res.rollout_id)}"
+    assert res.status == "ok", f"{res.status}: {res.message}\n{logs_of(tmp_path, res.rollout_id)}"
     assert res.reward == 1.0
     assert res.meta["final_message"] == FINAL
     logs = tmp_path / "run" / "rollouts" / res.rollout_id / "logs"
@@ -145,7 +123,7 @@ def test_harness_with_tiny_jax_model_completes_and_is_captured(name, tiny_jax, t
     # OpenClaw); "harness_error" = the harness refuses a truncated reply: Claude Code retries a max_tokens stop
     # 3 times then reports "exceeded the output token maximum" (4 calls), opencode fails on finish_reason
     # "length". Never "timeout"/"infra_error": those would mean the stack, not the policy, failed.
-    assert res.status in ("ok", "harness_error"), f"{res.status}: {res.message}\n{_logs(tmp_path, res.rollout_id)}"
+    assert res.status in ("ok", "harness_error"), f"{res.status}: {res.message}\n{logs_of(tmp_path, res.rollout_id)}"
     assert res.status != "ok" or isinstance(res.reward, float)  # reward.sh ran on whatever it left
     assert calls and len(calls) == res.meta["calls"]
     assert {c.rollout_id for c in calls} == {res.rollout_id} and {c.harness for c in calls} == {name}
