@@ -39,6 +39,8 @@ def qwen3_tokenizer_dir() -> pathlib.Path:
 def step_batch():
     """make(cfg, seed=0) -> a packed RL StepBatch of two synthetic groups (the loop's real builder/packer path,
     no harness): for Learner-level tests of the RL loop."""
+    import dataclasses
+
     import numpy as np
 
     from research.data.pipeline import to_tree
@@ -47,17 +49,21 @@ def step_batch():
     from research.rl.config import RunConfig
     from research.trees import synthetic
 
-    def make(cfg, seed: int = 0) -> B.StepBatch:
+    def make(cfg, seed: int = 0, *, flat_groups: tuple[int, ...] = (), filter_groups: bool | None = None
+             ) -> B.StepBatch:
+        """`flat_groups`: these groups get equal rewards (no signal); `filter_groups` overrides the config's."""
         rng = np.random.default_rng(seed)
         pcfg = RunConfig.of(cfg).pipeline()
         items = []
         for g in range(2):
             calls, results = synthetic.make_group(rng, group_id=f"t{g}", harness="reference", sessions=3, turns=2,
                                                   vocab=cfg.model.vocab_size, prefix_len=24, p_trunc=0.0)
+            if g in flat_groups:
+                results = [dataclasses.replace(r, reward=1.0) for r in results]
             rec = GroupRecord(group_id=f"t{g}", harness="reference", calls=calls, results=results)
             items.append(to_tree(rec, pcfg))
         batch = B.build_batch(items, pcfg, current_version=0, max_off_policy=1 << 30,
-                              loss_slots_k=cfg.train.loss_slots)
+                              loss_slots_k=cfg.train.loss_slots, filter_groups=filter_groups)
         assert batch.trees and not batch.rejections
         return batch
 
