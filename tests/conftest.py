@@ -8,6 +8,14 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 
 import pathlib
 
+# One persistent XLA compilation cache for the run, launcher subprocesses included: the suite compiles the
+# same tiny models' programs (train steps, engine blocks) in many tests and processes. The key is the
+# program's HLO, flags and jax version, so a hit is the same executable; a fresh machine starts empty.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache"))
+                                                       .expanduser() / "harness-rl" / "jax-tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import pytest
 
 # CI (.ci/run) sets HARNESS_RL_STRICT=1: there every dependency is installed and started, so a test that
