@@ -32,6 +32,12 @@ def pytest_runtest_makereport(item, call):
         rep.outcome = "failed"
         rep.longrepr = f"skipped under HARNESS_RL_STRICT=1 (a missing dependency is a failure here): {reason}"
 
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first (stable otherwise): with xdist's loadfile the longest files start early instead of
+    leaving one worker busy at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
