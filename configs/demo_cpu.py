@@ -18,7 +18,8 @@ SFT policy instead of degrading it (WORKSPACE.md, "Why GRPO degraded a good SFT 
 signal, zero-variance groups filtered and re-sampled, 2 epochs x 2 minibatches per batch so the clip acts.
 
 `arg`: "" (the demo), "control" (SFT only, continued for about the RL phase's minutes), "long" (2x the RL
-steps: the stability run), "test" (seconds-long runs for the test suite).
+steps: the stability run), "sloppy" (the demonstrator's mistake is a trailing period instead), "test"
+(seconds-long runs for the test suite).
 """
 
 import ml_collections
@@ -72,6 +73,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.sft.steps = 600
     elif arg == "long":
         config.train.steps = 40
+    elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD" (WORKSPACE.md, issue 10)
+        config.sft.expert = "make_file_sloppy"
     elif arg == "test":
         config.model.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16)
         config.train.update(steps=3, batch_rows=2)
@@ -84,5 +87,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.checkpoint.update(every=1)
         config.metrics.update(tensorboard=True, plot_every=1)
     elif arg:
-        raise ValueError(f"configs/demo_cpu.py: arg {arg!r} not in '', 'control', 'long', 'test'")
+        raise ValueError(f"configs/demo_cpu.py: arg {arg!r} not in '', 'control', 'long', 'sloppy', 'test'")
     return config

@@ -4,8 +4,9 @@ Why engines and not hand-written token sequences: demonstrations are captured th
 shim and sandbox (harness_env/rl/sft.py), so the policy learns exactly the token sequences it will see
 at rollout time. An expert is a function of the rendered prompt text -> the reply (text in Qwen3's
 tool-call format); `expert_engine` wraps it in a ReplayEngine. The task families own their experts:
-"make_file" is the family's perfect expert, "make_file_imperfect" its literal-minded one (~60% of the
-tasks wrong in one systematic way: harness_env/tasks/family.py), as real demonstrations are imperfect.
+"make_file" is the family's perfect expert, "make_file_imperfect" its literal-minded one and
+"make_file_sloppy" a sloppy one (~60% of the tasks wrong in one systematic way each:
+harness_env/tasks/family.py), as real demonstrations are imperfect.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from research.serving.api import GenerateRequest
 from research.serving.replay import ReplayEngine
 
 EXPERTS: dict[str, Callable[[str], str]] = {"make_file": family.oracle_reply,
-                                            "make_file_imperfect": family.imperfect_reply}
+                                            "make_file_imperfect": family.imperfect_reply,
+                                            "make_file_sloppy": family.sloppy_reply}
 
 
 def expert_engine(name: str, tokenizer) -> ReplayEngine:  # noqa: ANN001
