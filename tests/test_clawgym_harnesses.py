@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.harness]
 IDLE_TASK = "task_0000"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", ["claude_code", "codex", "openclaw", "opencode"])
 def test_real_cli_solves_one_real_task_and_idles_on_another(name, tmp_path, qwen3_tokenizer_dir):

@@ -108,6 +108,7 @@ def tiny_jax():
     asyncio.run(engine.close())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("name", ["reference", *REAL])
 def test_harness_with_tiny_jax_model_completes_and_is_captured(name, tiny_jax, tmp_path, qwen3_tokenizer_dir):

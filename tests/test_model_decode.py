@@ -78,6 +78,7 @@ def test_slots_are_independent_and_reusable():
     np.testing.assert_allclose(lg[0], _full_logits(p, cfg, b + [23, 24, 25])[-1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_decode_routing_replay():
     cfg = tiny_moe(num_layers=3, mlp_only_layers=(1,))  # two layer runs: the cache holds one stack per run
     p = init_params(cfg, jax.random.key(4))
@@ -114,6 +115,7 @@ def _padded_forward(p, cfg, toks_1xP):
     return logits(p, cfg, h)[0], aux["routed_experts"][0]
 
 
+@pytest.mark.slow
 def test_fast_path_chunks_and_blocks_match_forward():
     """Row 2 of 3: two prefill chunks (one padded), a 4-step decode block next to idle rows, the block's K/V
     committed, then another chunk reading them back; every position's logits and routing == full forward.

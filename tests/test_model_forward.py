@@ -104,6 +104,7 @@ def test_routing_replay(impl):
     assert float(jnp.abs(h_other - h).max()) > 1e-3
 
 
+@pytest.mark.slow
 def test_remat_policies_same_grads_and_scan_is_depth_independent():
     base = tiny_moe()
     p = init_params(base, jax.random.key(6))

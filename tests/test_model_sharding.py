@@ -45,6 +45,7 @@ def _step(cfg, p, toks, pos, seg, end):
         (tiny_dense, dict(data=2, fsdp=2, expert=1, tensor=2), "blocked"),
     ],
 )
+@pytest.mark.slow
 def test_sharded_equals_single_device(make, mesh_sizes, moe_impl):
     cfg1 = make(moe_impl=moe_impl)
     cfgN = cfg1.replace(expert_parallel=cfg1.is_moe)

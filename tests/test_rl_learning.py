@@ -24,6 +24,7 @@ from research.rl.config import RunConfig, RunConfigError
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.slow
 def test_grpo_lifts_the_reward_and_trainer_logprobs_match_the_engine(tmp_path):
     r = run_bandit("grpo", steps=15, workdir=tmp_path)
     c = r["curve"]
@@ -31,16 +32,19 @@ def test_grpo_lifts_the_reward_and_trainer_logprobs_match_the_engine(tmp_path):
     assert r["logp_maxdiff"] <= 1e-5, r["logp_maxdiff"]
 
 
+@pytest.mark.slow
 def test_ppo_lifts_the_reward(tmp_path):
     c = run_bandit("ppo", steps=18, workdir=tmp_path)["curve"]  # the value head learns first
     assert c[0] <= 0.2 and c[-1] >= 0.8, c
 
 
+@pytest.mark.slow
 def test_negated_advantages_drive_the_reward_down(tmp_path):
     c = run_bandit("grpo", steps=10, sign=-1.0, workdir=tmp_path)["curve"]
     assert c[0] >= 0.08 and c[-1] <= 0.02, c
 
 
+@pytest.mark.slow
 def test_temperature_0_7_trains_at_the_sampling_temperature(tmp_path):
     r = run_bandit("grpo", steps=12, temperature=0.7, workdir=tmp_path)
     assert r["logp_maxdiff"] <= 1e-5, r["logp_maxdiff"]  # the trainer's log-probs are taken at T = 0.7 too
@@ -92,6 +96,7 @@ def word_expert(prompt_text: str) -> str:
     return WORDS[int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % len(WORDS)]
 
 
+@pytest.mark.slow
 @pytest.mark.harness
 @pytest.mark.timeout(900)
 def test_multi_turn_grpo_through_the_harness_lifts_the_reward(tmp_path):

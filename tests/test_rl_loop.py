@@ -60,6 +60,7 @@ def _records(workdir: pathlib.Path, kind: str):
             if json.loads(line)["kind"] == kind]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
     from harness_env.rl.loop import train
@@ -95,6 +96,7 @@ def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
     assert set(meta["consumed"]) == set(trained)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sft_warm_start_then_ppo(tmp_path, parity_tasks, monkeypatch):
     """SFT on demonstrations captured through the harness by the expert engine, then 3 PPO steps (value head)."""
@@ -136,6 +138,7 @@ def test_sft_warm_start_then_ppo(tmp_path, parity_tasks, monkeypatch):
     assert len(demos) == 2 and all(r.reward == 1.0 for r in demos)  # the expert solves the task in the sandbox
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_async_never_trains_beyond_staleness_bound(tmp_path, parity_tasks):
     from harness_env.rl.loop import train
@@ -160,6 +163,7 @@ def test_async_never_trains_beyond_staleness_bound(tmp_path, parity_tasks):
     assert dropped > 0, "lookahead 2 with bound 0 should have produced stale rollouts"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kill9_resume_no_lost_or_duplicated_rollouts(tmp_path, parity_tasks):
     cfg_over = ["--config.train.steps=5", "--config.tasks.source=dir",

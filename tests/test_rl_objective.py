@@ -43,6 +43,7 @@ def _batch(cfg, seed=0, k=4):
     return trees, packed, full, {**full, "loss_idx": jnp.asarray(idx), "loss_valid": jnp.asarray(valid)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_cfg", [tiny_dense, tiny_moe])
 def test_compact_head_equals_full_head_grpo(make_cfg):
     cfg = make_cfg()
@@ -64,6 +65,7 @@ def test_compact_head_equals_full_head_grpo(make_cfg):
             np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_compact_head_equals_full_head_ppo_values_and_sft():
     cfg = tiny_dense()
     obj = Objective(loss=losses.LossConfig(algo="ppo"), critic="head")

@@ -26,6 +26,7 @@ def _tree_equal(a, b) -> bool:
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_ref_logp_is_the_policy_logp_at_step0_then_kl_grows(algo, step_batch):
     cfg = _config(kl_coef=0.1)
@@ -98,6 +99,7 @@ def test_saved_reference_is_restored_not_resnapshotted(tmp_path, step_batch):
 # ----------------------------------------------------------------------------- the loop (real harness)
 
 
+@pytest.mark.slow
 @pytest.mark.harness
 @pytest.mark.timeout(400)
 def test_loop_reports_kl_ref_and_resume_keeps_the_reference(tmp_path, parity_tasks):

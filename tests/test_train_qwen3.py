@@ -88,6 +88,7 @@ def _optim():
 MESH_8 = dict(data=2, fsdp=1, expert=2, tensor=2)
 
 
+@pytest.mark.slow
 def test_sharded_equals_single_device_loss_and_grads():
     single_cfg = tiny_moe()
     sharded_cfg = tiny_moe(expert_parallel=True)
@@ -110,6 +111,7 @@ def test_sharded_equals_single_device_loss_and_grads():
                                    err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 def test_train_step_resume_bit_identical_and_other_mesh(tmp_path):
     cfg = tiny_moe(expert_parallel=True)
     mesh = make_mesh(MESH_8)
@@ -144,6 +146,7 @@ def test_train_step_resume_bit_identical_and_other_mesh(tmp_path):
         np.testing.assert_allclose(float(m2["loss"]), losses[2], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_train_state_from_tiny_config():
     config = tiny.get_config()
     config.mesh.update(data=2, fsdp=2, expert=1, tensor=2)

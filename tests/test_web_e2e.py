@@ -81,6 +81,7 @@ def _solve_all(tmp_path, tok, backend_name):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_each_harness_solves_two_web_tasks_bwrap(tmp_path, qwen3_tokenizer_dir):
     from research.models.tokenizer import load_tokenizer
@@ -89,6 +90,7 @@ def test_each_harness_solves_two_web_tasks_bwrap(tmp_path, qwen3_tokenizer_dir):
     _solve_all(tmp_path, load_tokenizer(qwen3_tokenizer_dir), "bwrap")
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_each_harness_solves_two_web_tasks_docker(tmp_path, qwen3_tokenizer_dir):

@@ -42,6 +42,7 @@ def _policy(tasks, tok):
     return Scripted(reply, tok)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_mix_harness_step_on_web_and_cli_tasks(tmp_path, monkeypatch):
     from configs import demo_cpu
