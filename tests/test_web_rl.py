@@ -33,7 +33,7 @@ def _policy(tasks, tok):
         web = (right if good else wrong).reply(prompt)
         if web is not None:
             return web
-        return family.oracle_reply(prompt) if good else family.oracle_reply(prompt, imperfect=True)
+        return family.oracle_reply(prompt) if good else family.oracle_reply(prompt, mistake="literal")
 
     class Scripted(ReplayEngine):
         async def update_weights(self, params, version: int) -> None:  # noqa: ANN001

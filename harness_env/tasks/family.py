@@ -68,6 +68,8 @@ def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = 
     return [write_task(out_dir, name, word) for name, word in ps[: n if n is not None else len(ps)]]
 
 
+_MISTAKES = {"": "{}", "literal": "the word {}", "period": "{}."}  # what an expert writes for WORD on its
+# mistaken tasks ("" = the perfect expert, no mistake)
 _QUERY = re.compile(r"Create a file named (\S+) containing the word (\w+)\.")
 
 
@@ -80,15 +82,15 @@ def literal_mistake(name: str, word: str) -> bool:
     return (h % 1000) / 1000 < IMPERFECT_RATE
 
 
-def oracle_reply(prompt_text: str, *, imperfect: bool = False, sloppy: bool = False) -> str:
+def oracle_reply(prompt_text: str, *, mistake: str = "") -> str:
     """The family's expert, in Qwen3's tool-call format (scripted engines in SFT demos, tests, benchmarks
     and `launch.eval --endpoint=oracle`): one shell call writing the file, then a plain answer once a tool
     result is in the prompt (a plain answer ends every harness's loop). Decides from the rendered prompt
     alone, so it is safe under any concurrency.
 
-    `imperfect`: a literal-minded expert, as real demonstrators are imperfect: on the tasks where
-    `literal_mistake` holds it writes the phrase "the word WORD" instead of WORD (the checker gives 0.3).
-    `sloppy`: on the same tasks it writes "WORD." (a trailing period; also 0.3). Unlike the literal mistake
+    `mistake` ("" = none) makes it an imperfect expert, as real demonstrators are: on the tasks where
+    `literal_mistake` holds, "literal" writes the phrase "the word WORD" instead of WORD (the checker gives
+    0.3) and "period" writes "WORD." (a trailing period; also 0.3). Unlike the literal mistake
     it copies WORD in the same context on every task, so SFT learns the copy from all demonstrations and
     the mistake is one word-independent decision after it (WORKSPACE.md, issue 10)."""
     found = _QUERY.findall(prompt_text)
@@ -98,16 +100,16 @@ def oracle_reply(prompt_text: str, *, imperfect: bool = False, sloppy: bool = Fa
     after = prompt_text[prompt_text.rfind(f"containing the word {word}.") :]
     if "<tool_response>" in after:
         return "Done."
-    content = word
-    if (imperfect or sloppy) and literal_mistake(name, word):
-        content = f"{word}." if sloppy else f"the word {word}"
+    if mistake not in _MISTAKES:
+        raise ValueError(f"mistake {mistake!r} not in {sorted(_MISTAKES)}")
+    content = _MISTAKES[mistake].format(word) if literal_mistake(name, word) else word
     call = {"name": "bash", "arguments": {"command": f"echo {content} > {name}"}}
     return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
 
 
 def imperfect_reply(prompt_text: str) -> str:
-    return oracle_reply(prompt_text, imperfect=True)
+    return oracle_reply(prompt_text, mistake="literal")
 
 
 def sloppy_reply(prompt_text: str) -> str:
-    return oracle_reply(prompt_text, sloppy=True)
+    return oracle_reply(prompt_text, mistake="period")
