@@ -33,8 +33,8 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"skipped under HARNESS_RL_STRICT=1 (a missing dependency is a failure here): {reason}"
 
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first (stable otherwise): with xdist's loadfile the longest files start early instead of
-    leaving one worker busy at the end."""
+    """Slow tests first (stable otherwise). Under xdist this orders the tests within a file only: loadfile
+    hands out files largest-first by test count unless `--no-loadscope-reorder` is given (not yet set)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
