@@ -203,8 +203,7 @@ class Runner:
             caps.append(disk.DiskCap(rdir / "webenv", int(task.web.state_mb), self.cfg.disk_mode))
         try:
             try:
-                for c in caps:
-                    await asyncio.to_thread(c.setup)
+                await _thread_to_the_end(_setup_caps, caps)
             except OSError as e:
                 raise _Infra(f"disk caps: {e}") from e
             await asyncio.to_thread(task.populate, caps[0].path)  # TaskError: the task's inputs
@@ -213,11 +212,7 @@ class Runner:
             except _DiskLimit as e:
                 return RolloutResult(**base, status="disk_limit", message=str(e))
         finally:
-            keep = self.cfg.keep_workspaces
-            for c in caps:
-                await asyncio.to_thread(c.release, keep)
-            if not keep:
-                await asyncio.to_thread(_clear_caps, caps)
+            await _thread_to_the_end(_release_caps, caps, self.cfg.keep_workspaces)
 
     async def _rollout(self, spec: RolloutSpec, task: Task, harness: Harness, base: dict,
                        caps: list[disk.DiskCap]) -> RolloutResult:
@@ -417,9 +412,36 @@ def _clear(rdir: pathlib.Path) -> None:
         shutil.rmtree(rdir, ignore_errors=True)
 
 
-def _clear_caps(caps: list[disk.DiskCap]) -> None:
+def _setup_caps(caps: list[disk.DiskCap]) -> None:
     for c in caps:
-        shutil.rmtree(c.path, ignore_errors=True)
+        c.setup()
+
+
+def _release_caps(caps: list[disk.DiskCap], keep: bool) -> None:
+    for c in caps:
+        c.release(keep)
+    if not keep:
+        for c in caps:
+            shutil.rmtree(c.path, ignore_errors=True)
+
+
+async def _thread_to_the_end(fn, *args):
+    """Runs `fn` in a thread and waits for it to finish even through cancellation, then re-raises the
+    cancellation. Mounting and unmounting the caps must not be abandoned half-way: a cancelled await on a
+    plain to_thread leaves the thread running, so a mount could land after the release that should undo it."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(fut)
+            break
+        except asyncio.CancelledError:
+            if fut.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
 
 
 def _finite(res: RolloutResult) -> RolloutResult:

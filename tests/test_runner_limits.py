@@ -235,6 +235,35 @@ def test_cancelling_a_run_kills_its_sandboxes_and_returns_promptly(bwrap, tmp_pa
     assert not [m for m in _mount_points() if str(tmp_path) in m]
 
 
+
+def test_cancelled_while_mounting_the_caps_leaves_no_mount(bwrap, tmp_path, monkeypatch):
+    """A cancellation that lands while a cap's tmpfs is being mounted (in a thread): the mount finishes,
+    then the release undoes it. (Abandoning the thread let a HOME mount land after its release.)"""
+    if disk_mod.detect_mode() != "tmpfs":
+        pytest.skip("needs tmpfs caps (root with CAP_SYS_ADMIN)")
+    setup = disk_mod.DiskCap.setup
+
+    def slow_setup(self):
+        time.sleep(1.0)
+        setup(self)
+
+    monkeypatch.setattr(disk_mod.DiskCap, "setup", slow_setup)
+    tasks = [_task(tmp_path / "tasks", "t0")]
+    cfg = RunnerConfig(out_dir=tmp_path / "run", progress=False, timeout_s=600, concurrency=1,
+                       limits=Limits(home_mb=16, workspace_mb=16))
+
+    async def go():
+        runner = Runner(cfg, NoShim(), backend=bwrap)
+        try:
+            await asyncio.wait_for(runner.run(plan(tasks, ["test_forever_hrl_cancel_marker"], 1)), 1.5)
+        finally:
+            runner.close()
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(go())
+    assert not [m for m in _mount_points() if str(tmp_path) in m]
+
+
 @pytest.mark.parametrize("backend_name", ["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
 def test_the_orchestrators_environment_does_not_reach_the_sandbox(backend_name, tmp_path, monkeypatch):
     backend = get_backend(backend_name)
