@@ -162,9 +162,9 @@ def test_prefix_reuse_across_turns_and_between_slots(runner, params):
             before = eng.stats["reused_tokens"]
             r2 = await eng.generate(turn2)
             reused_turn2 = eng.stats["reused_tokens"] - before
-            # Two prompts sharing a 40-token prefix arrive together: b waits for a's prefill, then copies
-            # a's row while a is still decoding (deterministic: b is admitted the step a's prefill ends,
-            # and a has 20 tokens to go; letting a stream first would race a's end on a fast machine).
+            # Two prompts sharing a 40-token prefix arrive together: b copies a's row, after a's prefill (b
+            # waits for it) or while a decodes its 20 tokens (streaming a first and only then sending b raced
+            # a's end on a fast machine: b then reused a's parked slot, no copy).
             shared = prompt_of(40, 7)
             a = greedy_req(shared + [1, 2], n=20)
             b = greedy_req(shared + [3], n=5)
@@ -175,7 +175,7 @@ def test_prefix_reuse_across_turns_and_between_slots(runner, params):
 
     turn2, r2, reused, (a, ra), (b, rb), stats = run(go())
     assert reused == 30 + 6 - 1  # prompt + completion minus the never-fed last token
-    assert stats["slot_copies"] >= 1 and stats["deferred_for_prefix"] >= 1
+    assert stats["slot_copies"] >= 1
     for req, res in ((turn2, r2), (a, ra), (b, rb)):
         check_against_reference(params, req, res)
 

@@ -38,11 +38,14 @@ def _logits(h_BxCxD, head_DxV, temperature: float, compute_dtype):
 def _chunk_fwd(h, head, tgt, temperature, compute_dtype, entropy: bool):
     """One chunk: (logp, entropy, lse, E_p[z]) per token; the [B, C, V] logits die here."""
     z = _logits(h, head, temperature, compute_dtype)
-    lse = jax.nn.logsumexp(z, axis=-1)
+    m = jnp.max(z, axis=-1)  # finite: z comes from finite weights
+    e = jnp.exp(z - m[..., None])  # one exp pass feeds both sums (the exp is most of the chunk's time on CPU)
+    s0 = jnp.sum(e, axis=-1)
+    lse = m + jnp.log(s0)
     logp = jnp.take_along_axis(z, tgt[..., None], axis=-1)[..., 0] - lse
     if not entropy:
         return logp, jnp.zeros_like(logp), lse, jnp.zeros_like(lse)
-    ez = jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
+    ez = jnp.sum(e * z, axis=-1) / s0
     return logp, lse - ez, lse, ez
 
 
