@@ -36,6 +36,7 @@ from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError,
 from harness_env.tasks.loader import RewardError, Task, TaskError, grade, load_task
 from harness_env.web import env as webenv
 from research.capture import CaptureLog, RolloutResult, read_log
+from research.shim.session import wait_through_cancel
 
 RETRYABLE = "infra_error"  # the one status a resumed run tries again
 DISK_POLL_S = 0.5
@@ -429,19 +430,7 @@ async def _thread_to_the_end(fn, *args):
     """Runs `fn` in a thread and waits for it to finish even through cancellation, then re-raises the
     cancellation. Mounting and unmounting the caps must not be abandoned half-way: a cancelled await on a
     plain to_thread leaves the thread running, so a mount could land after the release that should undo it."""
-    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(fut)
-            break
-        except asyncio.CancelledError:
-            if fut.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
+    return await wait_through_cancel(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
 
 
 def _finite(res: RolloutResult) -> RolloutResult:

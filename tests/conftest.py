@@ -34,7 +34,8 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_collection_modifyitems(config, items):
     """Slow tests first (stable otherwise). Under xdist this orders the tests within a file only: loadfile
-    hands out files largest-first by test count unless `--no-loadscope-reorder` is given (not yet set)."""
+    hands out files largest-first by test count unless `--no-loadscope-reorder` is given (setup.cfg does
+    not give it)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
