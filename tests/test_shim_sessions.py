@@ -151,3 +151,27 @@ def test_busy_sessions_are_not_evicted_and_many_sessions_stay_bounded(tok, tmp_p
     assert max(sizes) <= 5 and busy_checks >= 5 and st == 200 and b"[DONE]" in data
     statuses = {r.session_id: r.status for r in read_log(tmp_path / "log.jsonl")}
     assert statuses["open-busy"] == "ok" and len(statuses) == 31
+
+
+def test_serving_raises_the_young_gc_threshold_and_never_lowers_it(tok, tmp_path):
+    """The shim's calls hold long token lists that every young collection walks: serving raises the
+    young threshold (ShimOptions.gc_young_threshold), leaves a higher one alone, and 0 leaves it."""
+    from research.shim.session import ShimOptions
+
+    saved = gc.get_threshold()
+
+    async def serve(opts: ShimOptions) -> None:
+        async with running_shim(ReplayEngine(["ok"], tok, cycle=True), tok, tmp_path / "l.jsonl", options=opts):
+            pass
+
+    try:
+        gc.set_threshold(700, *saved[1:])
+        asyncio.run(serve(ShimOptions(gc_young_threshold=0)))
+        assert gc.get_threshold()[0] == 700
+        asyncio.run(serve(ShimOptions()))
+        assert gc.get_threshold() == (ShimOptions().gc_young_threshold, *saved[1:])
+        gc.set_threshold(50_000, *saved[1:])
+        asyncio.run(serve(ShimOptions(gc_young_threshold=20_000)))
+        assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*saved)

@@ -40,7 +40,7 @@ from research.shim.common import (
     parse_json_body,
     safe_text,
 )
-from research.shim.session import Call, ChatRequest, Session, ShimOptions
+from research.shim.session import Call, ChatRequest, Session, ShimOptions, raise_gc_threshold
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ class ShimServer:
         return app
 
     async def start(self) -> None:
+        raise_gc_threshold(self.options.gc_young_threshold)
         self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

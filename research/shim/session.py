@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -70,6 +71,10 @@ class ShimOptions:
     # Sampling forced for every call (RL needs the behaviour policy fixed, not what a harness asks).
     sampling_override: dict[str, Any] = dataclasses.field(default_factory=dict)
     return_routed_experts: bool = True
+    # Python's young-generation GC threshold while a shim serves (raised, never lowered; 0: leave it).
+    # At the interpreter's 700 a collection runs every few calls and walks every in-flight call's
+    # token lists: 64 sessions of 20k-token prompts spent ~1.5 ms of each call's ~4.5 ms in it.
+    gc_young_threshold: int = 10_000
 
     def __post_init__(self):
         for name, v in self.sampling_override.items():
@@ -78,6 +83,15 @@ class ShimOptions:
             why = sampling_problem(name, v)
             if why:
                 raise ValueError(f"sampling_override.{name}: {why}")
+
+
+def raise_gc_threshold(young: int) -> None:
+    """Raises the interpreter's young-generation GC threshold to `young` (process-wide; never lowers
+    it, so a process serving several shims keeps the highest; 0 leaves it)."""
+    t0, t1, t2 = gc.get_threshold()
+    if young > t0:
+        gc.set_threshold(young, t1, t2)
+        log.info("shim: young-generation GC threshold %d -> %d", t0, young)
 
 
 class Session:
