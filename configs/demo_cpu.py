@@ -64,7 +64,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.engine.update(num_slots=4, max_len=512, prefill_chunk=256)
     config.sync.update(kind="jax")
     # every demonstration is kept (min_reward 0): nobody verified them, as with real demonstrations
-    config.sft.update(steps=300, groups_per_step=16, num_demos=-1, expert="make_file_imperfect", min_reward=0.0)
+    config.sft.update(steps=300, groups_per_step=16, num_demos=-1, expert="make_file_cut", min_reward=0.0,
+                      loss_slots=80)  # a demonstration pair's row has <= 74 loss tokens
     config.eval.update(every=5, sft_every=100, num_tasks=-1, at_start=True, after_sft=True)
     config.checkpoint.update(every=10, keep=2)
     config.metrics.update(tensorboard=True, plot_every=10)
@@ -73,6 +74,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.sft.steps = 600
     elif arg == "long":
         config.train.steps = 40
+    elif arg == "literal":  # the previous demo's expert: "echo the word WORD > NAME" or "echo WORD > NAME"
+        config.sft.expert = "make_file_imperfect"
     elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD" (WORKSPACE.md, issue 10)
         config.sft.expert = "make_file_sloppy"
     elif arg == "test":
@@ -87,5 +90,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.checkpoint.update(every=1)
         config.metrics.update(tensorboard=True, plot_every=1)
     elif arg:
-        raise ValueError(f"configs/demo_cpu.py: arg {arg!r} not in '', 'control', 'long', 'sloppy', 'test'")
+        raise ValueError(f"configs/demo_cpu.py: arg {arg!r} not in '', 'control', 'long', 'literal', 'sloppy', 'test'")
     return config

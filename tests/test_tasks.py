@@ -81,6 +81,26 @@ def test_family_task_checker(bwrap, tmp_path):
     assert asyncio.run(run_solution(bwrap, task, solve=False)) == 0.0
 
 
+@pytest.mark.parametrize("mistake", ["", "literal", "period", "cut"])
+def test_family_experts_score_as_designed(tmp_path, mistake):
+    """Each expert's command, run by bash in the task folder and graded by the task's own checker: 1.0
+    where the expert is right, 0.3 (the file with the wrong content) on its mistaken tasks."""
+    import subprocess
+
+    pairs = family.pairs("all")[::9]
+    assert {family.literal_mistake(*p) for p in pairs} == {True, False}
+    for name, word in pairs:
+        d = family.write_task(tmp_path / mistake, name, word)
+        reply = family.oracle_reply(load_task(d).user_query, mistake=mistake)
+        command = json.loads(reply.split("\n")[1])["arguments"]["command"]
+        assert command == family.expert_command(name, word, mistake)
+        subprocess.run(["bash", "-c", command], cwd=d, check=True)
+        got = float(subprocess.run(["bash", "reward/reward.sh"], cwd=d, capture_output=True, text=True).stdout)
+        assert got == (0.3 if mistake and family.literal_mistake(name, word) else 1.0), (mistake, command, got)
+    with pytest.raises(ValueError, match="mistake 'typo'"):
+        family.expert_command("a.txt", "apple", "typo")
+
+
 def test_synthesis_is_deterministic_and_validated(bwrap, tmp_path):
     seeds = [p for p in TASKS if synth.is_seed(p)]
     assert {p.name for p in seeds} >= {"file_hello", "csv_region_totals", "file_rename", "file_find_largest"}

@@ -19,7 +19,8 @@ from research.serving.replay import ReplayEngine
 
 EXPERTS: dict[str, Callable[[str], str]] = {"make_file": family.oracle_reply,
                                             "make_file_imperfect": family.imperfect_reply,
-                                            "make_file_sloppy": family.sloppy_reply}
+                                            "make_file_sloppy": family.sloppy_reply,
+                                            "make_file_cut": family.cut_reply}
 
 
 def expert_engine(name: str, tokenizer) -> ReplayEngine:  # noqa: ANN001

@@ -82,6 +82,16 @@ def literal_mistake(name: str, word: str) -> bool:
     return (h % 1000) / 1000 < IMPERFECT_RATE
 
 
+def expert_command(name: str, word: str, mistake: str = "") -> str:
+    """The shell command the family's expert runs for (name, word); see `oracle_reply` for `mistake`."""
+    if mistake not in _MISTAKES and mistake != "cut":
+        raise ValueError(f"mistake {mistake!r} not in {sorted(_MISTAKES) + ['cut']}")
+    wrong = bool(mistake) and literal_mistake(name, word)
+    if mistake == "cut":  # both forms say "the word WORD"; the right one cuts WORD out of the phrase
+        return f"echo the word {word} > {name}" if wrong else f"echo the word {word} | cut -d' ' -f3 > {name}"
+    return f"echo {_MISTAKES[mistake].format(word) if wrong else word} > {name}"
+
+
 def oracle_reply(prompt_text: str, *, mistake: str = "") -> str:
     """The family's expert, in Qwen3's tool-call format (scripted engines in SFT demos, tests, benchmarks
     and `launch.eval --endpoint=oracle`): one shell call writing the file, then a plain answer once a tool
@@ -90,9 +100,12 @@ def oracle_reply(prompt_text: str, *, mistake: str = "") -> str:
 
     `mistake` ("" = none) makes it an imperfect expert, as real demonstrators are: on the tasks where
     `literal_mistake` holds, "literal" writes the phrase "the word WORD" instead of WORD (the checker gives
-    0.3) and "period" writes "WORD." (a trailing period; also 0.3). Unlike the literal mistake
-    it copies WORD in the same context on every task, so SFT learns the copy from all demonstrations and
-    the mistake is one word-independent decision after it (WORKSPACE.md, issue 10)."""
+    0.3) and "period" writes "WORD." (a trailing period; also 0.3). "cut" (the CPU demo's expert) writes
+    `echo the word WORD > NAME` on those tasks (the literal mistake) and `echo the word WORD | cut -d' '
+    -f3 > NAME` on the others (right): both behaviours copy WORD after the same words, so SFT learns the
+    copy from every demonstration (an induction-friendly context: "the word" precedes WORD in the task
+    text too), and right and wrong part at one token after it (" >" or " |"), where GRPO's signal falls
+    (WORKSPACE.md, issue 10)."""
     found = _QUERY.findall(prompt_text)
     if not found:
         return "I cannot tell which file to create."
@@ -100,10 +113,7 @@ def oracle_reply(prompt_text: str, *, mistake: str = "") -> str:
     after = prompt_text[prompt_text.rfind(f"containing the word {word}.") :]
     if "<tool_response>" in after:
         return "Done."
-    if mistake not in _MISTAKES:
-        raise ValueError(f"mistake {mistake!r} not in {sorted(_MISTAKES)}")
-    content = _MISTAKES[mistake].format(word) if literal_mistake(name, word) else word
-    call = {"name": "bash", "arguments": {"command": f"echo {content} > {name}"}}
+    call = {"name": "bash", "arguments": {"command": expert_command(name, word, mistake)}}
     return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
 
 
@@ -113,3 +123,7 @@ def imperfect_reply(prompt_text: str) -> str:
 
 def sloppy_reply(prompt_text: str) -> str:
     return oracle_reply(prompt_text, mistake="period")
+
+
+def cut_reply(prompt_text: str) -> str:
+    return oracle_reply(prompt_text, mistake="cut")

@@ -150,6 +150,9 @@ class SFTConfig:
     num_demos: int = -1
     expert: str = "make_file"
     min_reward: float = 1.0  # demonstrations below this reward are dropped (0: keep every demonstration)
+    # LM-head slots per SFT row (0: train.loss_slots); SFT rows hold whole demonstrations, whose loss
+    # tokens a tighter start fits without doubling past them (the head is most of a tiny model's step)
+    loss_slots: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,6 +405,7 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
                "build the same optimizer state structure: both with clip_norm > 0 or both without")
     if run.sft.steps > 0:
         _check(run.sft.groups_per_step >= 1, "config.sft.groups_per_step must be >= 1")
+        _check(run.sft.loss_slots >= 0, "config.sft.loss_slots must be >= 0 (0: config.train.loss_slots)")
     if num_devices is not None:
         _check_rows(run, mesh_sizes(run.mesh, num_devices))
 

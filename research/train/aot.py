@@ -49,16 +49,17 @@ def _run_config(config):
 
 def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = False) -> dict:
     """ShapeDtypeStructs of one packed tree batch of `step` as the trainer feeds it, rows over the batch axes
-    (`config.train.batch_axes`), with its loss slots (`config.train.loss_slots`); `ref_logp` when `kl`,
-    `old_values` for ppo, `expert_ids` [B, T, L, k] when `replay` (MoE only)."""
+    (`config.train.batch_axes`), with its loss slots (`config.train.loss_slots`; SFT: `config.sft.loss_slots`
+    when set); `ref_logp` when `kl`, `old_values` for ppo, `expert_ids` [B, T, L, k] when `replay` (MoE only)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    t = _run_config(config).train
+    run = _run_config(config)
+    t = run.train
     sh = NamedSharding(mesh, PartitionSpec(t.batch_axes))
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
-    B, T, K = t.batch_rows, t.row_len, t.loss_slots
+    B, T, K = t.batch_rows, t.row_len, (run.sft.loss_slots or t.loss_slots) if step == "sft" else t.loss_slots
     out = {**{k: s((B, T), jnp.int32) for k in TREE_INT_KEYS},
            **{k: s((B, T), jnp.float32) for k in TREE_FLOAT_KEYS},
            "norm": s((B,), jnp.float32), "loss_idx": s((B, K), jnp.int32), "loss_valid": s((B, K), jnp.bool_)}
