@@ -1,10 +1,11 @@
 """The CPU demo where RL does the work: tiny dense Qwen3 (real Qwen3 tokenizer), JAX engine, bwrap, the
 reference agent (`reference_bash`: bash tool only, ~180-token prompts), the make_file family.
 
-1. SFT on *unverified* demonstrations of an imperfect expert, captured through the harness: on ~60% of the
-   tasks it writes "the word WORD" instead of WORD (as real demonstrators are imperfect). The policy learns
-   the majority behaviour, so greedy SFT scores 0.0 on the held-out tasks at every SFT eval.
-2. Tree GRPO with the verifier lifts it past what the demonstrations teach.
+1. SFT on *unverified* demonstrations of an imperfect expert, captured through the harness
+   (`make_file_cut`): on ~60% of the tasks it runs `echo the word WORD > NAME` (the file holds the phrase;
+   the checker gives 0.3), on the rest `echo the word WORD | cut -d' ' -f3 > NAME` (right). The policy
+   learns both, and its greedy answer follows the majority: held-out 0.19 after 300 SFT steps.
+2. Tree GRPO with the verifier lifts it past what the demonstrations teach: held-out 1.00 after 5 steps.
 
     python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/demo
     python -m launch.train --config=configs/demo_cpu.py:control --workdir=/tmp/control   # same minutes on SFT
@@ -13,13 +14,17 @@ reference agent (`reference_bash`: bash tool only, ~180-token prompts), the make
 
 What makes a 2-layer model trained from scratch learn to copy NAME/WORD from the prompt within minutes:
 an embedding init std of 0.2 (at 0.02 Adam's common-mode drift makes the 16 words' embeddings collide and
-the policy stays at the marginal, ln 16) and 16 demonstrations per SFT step. What makes GRPO lift a sharp
-SFT policy instead of degrading it (WORKSPACE.md, "Why GRPO degraded a good SFT policy"): no step without
-signal, zero-variance groups filtered and re-sampled, 2 epochs x 2 minibatches per batch so the clip acts.
+the policy stays at the marginal, ln 16), 16 demonstrations per SFT step, and an expert whose every
+demonstration copies WORD right after "the word", as the task text says it ("containing the word WORD"):
+an induction-style copy, learned early. What makes GRPO lift the SFT policy instead of degrading it
+(WORKSPACE.md, "Why GRPO degraded a good SFT policy"): right and wrong samples share that copy and part at
+one token (" |" or " >"), so the tree's shared prefix has advantage 0 and the update falls on that token;
+no step without signal; zero-variance groups filtered and re-sampled; 2 epochs x 2 minibatches per batch
+so the clip acts; an RL lr of 2.5e-4 (at 5e-4 the policy reaches ~0.9 and then degrades).
 
-`arg`: "" (the demo), "control" (SFT only, continued for about the RL phase's minutes), "long" (2x the RL
-steps: the stability run), "sloppy" (the demonstrator's mistake is a trailing period instead), "test"
-(seconds-long runs for the test suite).
+`arg`: "" (the demo), "control" (SFT only, continued for more than the RL phase's minutes), "long" (2x the
+RL steps: the stability run), "literal" (the previous demo's expert: "the word WORD" or WORD after `echo`),
+"sloppy" (that expert's mistake is a trailing period instead), "test" (seconds-long runs for the test suite).
 """
 
 import ml_collections
@@ -43,12 +48,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         embedding_init_std=0.2)
     config.mesh.update(data=1)
     config.optim.update(learning_rate=4e-3, schedule="constant", warmup_steps=5, weight_decay=0.0, clip_norm=1.0)
-    # RL after the SFT warm start: fresh Adam moments and an 8x lower lr (at the SFT lr, GRPO collapses the policy)
+    # RL after the SFT warm start: fresh Adam moments and a 16x lower lr (at the SFT lr, GRPO collapses the policy)
     config.rl_optim = default_optim_config()
-    config.rl_optim.update(learning_rate=5e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, clip_norm=1.0)
+    config.rl_optim.update(learning_rate=2.5e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, clip_norm=1.0)
     config.critic_optim.update(learning_rate=1e-2, clip_norm=1.0)
-    # loss_slots: LM-head slots per row, doubled until every row fits (SFT rows need 64, RL rows 128)
-    config.train.update(steps=20, batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32,
+    # loss_slots: LM-head slots per row, doubled until every row fits (RL rows need 128; SFT: sft.loss_slots)
+    config.train.update(steps=10, batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32,
                         epochs=2, minibatches=2, skip_empty=True, diagnostics=True)
     config.rl.update(estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                      entropy_coef=0.0, is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0,
@@ -69,11 +74,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.eval.update(every=5, sft_every=100, num_tasks=-1, at_start=True, after_sft=True)
     config.checkpoint.update(every=10, keep=2)
     config.metrics.update(tensorboard=True, plot_every=10)
-    if arg == "control":  # the same data; the RL phase's minutes spent on more SFT instead (~3 s/step vs ~40 s)
+    if arg == "control":  # the same data; the RL phase's minutes (and more) spent on 200 more SFT steps instead
         config.algo = "sft"
-        config.sft.steps = 600
+        config.sft.steps = 500
     elif arg == "long":
-        config.train.steps = 40
+        config.train.steps = 20
     elif arg == "literal":  # the previous demo's expert: "echo the word WORD > NAME" or "echo WORD > NAME"
         config.sft.expert = "make_file_imperfect"
     elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD" (WORKSPACE.md, issue 10)
