@@ -4,8 +4,8 @@ reference agent (`reference_bash`: bash tool only, ~180-token prompts), the make
 1. SFT on *unverified* demonstrations of an imperfect expert, captured through the harness
    (`make_file_cut`): on ~60% of the tasks it runs `echo the word WORD > NAME` (the file holds the phrase;
    the checker gives 0.3), on the rest `echo the word WORD | cut -d' ' -f3 > NAME` (right). The policy
-   learns both, and its greedy answer follows the majority: held-out 0.19 after 300 SFT steps.
-2. Tree GRPO with the verifier lifts it past what the demonstrations teach: held-out 1.00 after 5 steps.
+   learns both, and its greedy answer follows the majority: held-out 0.19-0.42 after 300 SFT steps.
+2. Tree GRPO with the verifier lifts it past what the demonstrations teach: 0.86 after 5 steps, 0.89 after 10.
 
     python -m launch.train --config=configs/demo_cpu.py --workdir=/tmp/demo
     python -m launch.train --config=configs/demo_cpu.py:control --workdir=/tmp/control   # same minutes on SFT
