@@ -61,7 +61,7 @@ async def sft_phase(loop) -> None:  # noqa: ANN001
     while st.sft_step < run.sft.steps:
         items = next(stream)
         batch = B.build_batch(items, loop.pcfg, current_version=0, max_off_policy=1 << 30,
-                              loss_slots_k=run.sft.loss_slots or run.train.loss_slots, filter_groups=False)
+                              loss_slots_k=run.sft_loss_slots, filter_groups=False)
         t = time.monotonic()
         m = await asyncio.to_thread(loop.learner.train, batch, sft=True)
         m["train_s"] = time.monotonic() - t

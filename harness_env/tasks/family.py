@@ -68,8 +68,12 @@ def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = 
     return [write_task(out_dir, name, word) for name, word in ps[: n if n is not None else len(ps)]]
 
 
-_MISTAKES = {"": "{}", "literal": "the word {}", "period": "{}."}  # what an expert writes for WORD on its
-# mistaken tasks ("" = the perfect expert, no mistake)
+# Each expert's shell command on its right and on its mistaken tasks ("" = the perfect expert, no mistake)
+_COMMANDS = {"": ("echo {word} > {name}", "echo {word} > {name}"),
+             "literal": ("echo {word} > {name}", "echo the word {word} > {name}"),
+             "period": ("echo {word} > {name}", "echo {word}. > {name}"),
+             # both forms say "the word WORD"; the right one cuts WORD out of the phrase
+             "cut": ("echo the word {word} | cut -d' ' -f3 > {name}", "echo the word {word} > {name}")}
 _QUERY = re.compile(r"Create a file named (\S+) containing the word (\w+)\.")
 
 
@@ -84,12 +88,10 @@ def literal_mistake(name: str, word: str) -> bool:
 
 def expert_command(name: str, word: str, mistake: str = "") -> str:
     """The shell command the family's expert runs for (name, word); see `oracle_reply` for `mistake`."""
-    if mistake not in _MISTAKES and mistake != "cut":
-        raise ValueError(f"mistake {mistake!r} not in {sorted(_MISTAKES) + ['cut']}")
-    wrong = bool(mistake) and literal_mistake(name, word)
-    if mistake == "cut":  # both forms say "the word WORD"; the right one cuts WORD out of the phrase
-        return f"echo the word {word} > {name}" if wrong else f"echo the word {word} | cut -d' ' -f3 > {name}"
-    return f"echo {_MISTAKES[mistake].format(word) if wrong else word} > {name}"
+    if mistake not in _COMMANDS:
+        raise ValueError(f"mistake {mistake!r} not in {sorted(_COMMANDS)}")
+    right, wrong = _COMMANDS[mistake]
+    return (wrong if mistake and literal_mistake(name, word) else right).format(name=name, word=word)
 
 
 def oracle_reply(prompt_text: str, *, mistake: str = "") -> str:

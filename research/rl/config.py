@@ -268,6 +268,11 @@ class RunConfig:
             is_correction=r.is_correction, is_cap=r.is_cap, mis_low=r.mis_low, mis_high=r.mis_high,
             value_coef=r.value_coef, value_clip=r.value_clip if r.value_clip > 0 else None)
 
+    @property
+    def sft_loss_slots(self) -> int:
+        """LM-head slots an SFT row starts from: `sft.loss_slots`, else `train.loss_slots`."""
+        return self.sft.loss_slots or self.train.loss_slots
+
     def pipeline(self) -> PipelineConfig:
         t = self.train
         # a clipped value loss needs one occurrence per slot: identical generations are then not merged

@@ -59,7 +59,7 @@ def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = 
     t = run.train
     sh = NamedSharding(mesh, PartitionSpec(t.batch_axes))
     s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
-    B, T, K = t.batch_rows, t.row_len, (run.sft.loss_slots or t.loss_slots) if step == "sft" else t.loss_slots
+    B, T, K = t.batch_rows, t.row_len, run.sft_loss_slots if step == "sft" else t.loss_slots
     out = {**{k: s((B, T), jnp.int32) for k in TREE_INT_KEYS},
            **{k: s((B, T), jnp.float32) for k in TREE_FLOAT_KEYS},
            "norm": s((B,), jnp.float32), "loss_idx": s((B, K), jnp.int32), "loss_valid": s((B, K), jnp.bool_)}
