@@ -5,8 +5,15 @@ trainer (which reads them). Token ids are the ground truth: nothing downstream r
 policy generated. The log is append-only JSON lines, fsync'd per record, so a crash loses nothing
 that was acknowledged; a torn final line (crash mid-write) is detected and ignored on read.
 
+A call that continues an earlier call of its session (an agent's next turn: the previous prompt +
+completion + new messages) is written as a reference: `"prompt_ref": [call_id, n]` and `prompt_ids`
+holding only the tokens after the first n of that call's prompt + completion, which is earlier in the
+same log. A record then costs its new tokens, not its whole prompt (a 20k-token prompt is ~120 KB of
+JSON: writing and fsyncing it per call was most of the shim's overhead). Readers resolve it
+(`read_log`, `PromptResolver`); in memory a CallRecord always holds its whole prompt.
+
 Schema history:
-  1: initial version.
+  1: initial version (log lines may carry `prompt_ref`, see above; the record itself is unchanged).
 """
 
 from __future__ import annotations
@@ -135,26 +142,29 @@ def _finite(rec: CallRecord | RolloutResult) -> bool:
         isinstance(v, int | float) and math.isfinite(v) for v in rec.sub_scores.values())
 
 
-def to_json_bytes(rec: CallRecord | RolloutResult, *, prompt_ids_json: bytes | None = None) -> bytes:
+def to_json_bytes(rec: CallRecord | RolloutResult, *, prompt_ref: tuple[str, int] | None = None) -> bytes:
     """One record as a compact JSON line (no newline). orjson: ~6x faster than the stdlib on a
     20k-token call (the shim serialises every record before the call's final event); the stdlib
     writes what orjson cannot (non-finite floats, values orjson does not know), same schema.
 
-    `prompt_ids_json`: `rec.prompt_ids` already serialised (the shim extends the previous call's
-    bytes, so a call of a long session costs its new tokens, not its whole prompt)."""
+    `prompt_ref` (call id, n): the record's prompt starts with the first n tokens of that call's
+    prompt + completion, written earlier to the same log; only the rest is written (see above)."""
     d = _fields(rec)
+    if prompt_ref is not None:
+        d["prompt_ids"], d["prompt_ref"] = rec.prompt_ids[prompt_ref[1]:], [prompt_ref[0], prompt_ref[1]]
     if _finite(rec):
         try:
-            if prompt_ids_json is None:
-                return orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY)
-            d["prompt_ids"] = []
-            line = orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY)
-            # the first '"prompt_ids":[]' is the key: inside a string value every '"' is escaped
-            head, sep, tail = line.partition(b'"prompt_ids":[]')
-            return head + b'"prompt_ids":' + prompt_ids_json + tail
+            return orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY)
         except (TypeError, orjson.JSONEncodeError):
-            d["prompt_ids"] = rec.prompt_ids
-    return json.dumps(d, separators=(",", ":")).encode()
+            pass
+    return json.dumps(d, separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(obj: Any) -> Any:
+    """What the stdlib fallback cannot write natively (numpy ints/arrays from an engine)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 def to_json(rec: CallRecord | RolloutResult) -> str:
@@ -162,20 +172,56 @@ def to_json(rec: CallRecord | RolloutResult) -> str:
 
 
 def from_json(line: str | bytes) -> CallRecord | RolloutResult:
-    try:
-        d = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        d = json.loads(line)  # NaN / Infinity literals written by the stdlib path
-    if not isinstance(d, dict):
-        raise CaptureError(f"capture record is a {type(d).__name__}, not an object")
-    kind = d.pop("kind", None)
-    if kind == "call":
+    """One self-contained line; a line whose prompt is a reference needs the lines before it
+    (`PromptResolver`, `read_log`)."""
+    return PromptResolver(keep=False).decode(line)
+
+
+class PromptResolver:
+    """Decodes a log's lines in order, resolving `prompt_ref`s against the call records seen before.
+
+    Keeps the ok call records it decoded (references to them, by call id), as a log's reader
+    materialises them anyway; `keep=False` keeps none (self-contained lines only)."""
+
+    def __init__(self, keep: bool = True):
+        self.keep = keep
+        self._calls: dict[str, CallRecord] = {}
+
+    def decode(self, line: str | bytes) -> CallRecord | RolloutResult:
+        try:
+            d = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            d = json.loads(line)  # NaN / Infinity literals written by the stdlib path
+        if not isinstance(d, dict):
+            raise CaptureError(f"capture record is a {type(d).__name__}, not an object")
+        kind = d.pop("kind", None)
+        if kind == "result":
+            return RolloutResult(**d)
+        if kind != "call":
+            raise CaptureError(f"unknown record kind {kind!r}")
         if d.get("routed_experts_shape") is not None:
             d["routed_experts_shape"] = tuple(d["routed_experts_shape"])
-        return CallRecord(**d)
-    if kind == "result":
-        return RolloutResult(**d)
-    raise CaptureError(f"unknown record kind {kind!r}")
+        ref = d.pop("prompt_ref", None)
+        if ref is not None:
+            d["prompt_ids"] = self._resolve(ref, d) + d["prompt_ids"]
+        rec = CallRecord(**d)
+        if self.keep and rec.status == "ok" and rec.call_id:
+            self._calls[rec.call_id] = rec
+        return rec
+
+    def _resolve(self, ref: Any, d: dict) -> list[int]:
+        where = f"call {d.get('call_id')!r}"
+        if not (isinstance(ref, list) and len(ref) == 2 and isinstance(ref[1], int)):
+            raise CaptureError(f"{where}: prompt_ref {ref!r} is not [call_id, length]")
+        parent = self._calls.get(ref[0])
+        if parent is None:
+            raise CaptureError(f"{where}: its prompt continues call {ref[0]!r}, which is not earlier in this log "
+                               "(read the whole log in order: read_log / PromptResolver)")
+        n, p = ref[1], len(parent.prompt_ids)
+        if not 0 <= n <= p + len(parent.completion_ids):
+            raise CaptureError(f"{where}: prompt_ref length {n} outside call {ref[0]!r}'s {p} + "
+                               f"{len(parent.completion_ids)} tokens")
+        return parent.prompt_ids[:n] if n <= p else parent.prompt_ids + parent.completion_ids[: n - p]
 
 
 class CaptureLog:
@@ -220,9 +266,14 @@ class CaptureLog:
                 pos -= step
             f.truncate(0)
 
-    def append(self, rec: CallRecord | RolloutResult, *, prompt_ids_json: bytes | None = None) -> None:
-        """Durable on return; `prompt_ids_json` as in `to_json_bytes`."""
-        self._commit(to_json_bytes(rec, prompt_ids_json=prompt_ids_json) + b"\n")
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or being written right now (a hint: another thread may append at any time)."""
+        return not self._writing and not self._pending
+
+    def append(self, rec: CallRecord | RolloutResult, *, prompt_ref: tuple[str, int] | None = None) -> None:
+        """Durable on return; `prompt_ref` as in `to_json_bytes`."""
+        self._commit(to_json_bytes(rec, prompt_ref=prompt_ref) + b"\n")
 
     def append_line(self, line: bytes) -> None:
         """A record already serialised by `to_json_bytes` (no newline); durable on return."""
@@ -291,11 +342,12 @@ def read_log(path: str | os.PathLike) -> Iterator[CallRecord | RolloutResult]:
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     last = len(lines) - 1  # after the final "\n" split gives b"" (or a torn line)
+    resolver = PromptResolver()
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
-            yield from_json(raw)
+            yield resolver.decode(raw)
         except (ValueError, TypeError) as e:  # JSONDecodeError, CaptureError, bad fields
             if i == last:
                 return  # torn tail: the writer died mid-record, nothing acknowledged is lost

@@ -38,6 +38,29 @@ def test_corrupt_middle_line_raises(tmp_path):
         list(capture.read_log(path))
 
 
+def test_prompt_references_resolve_in_order_and_fail_loudly(tmp_path):
+    """A continuing call is written as (earlier call, n) + its new tokens; reading the log gives the whole
+    prompt back, a line read alone or a reference to nothing earlier is an error, not a short prompt."""
+    path = tmp_path / "log.jsonl"
+    parent = _call(0, prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.1, -0.2])
+    into_completion = _call(1, prompt_ids=[1, 2, 3, 4, 5, 6, 7])  # n = 5: the whole prompt + completion
+    into_prompt = _call(2, prompt_ids=[1, 2, 9])  # n = 2: a branch inside the parent's prompt
+    with capture.CaptureLog(path) as log:
+        log.append(parent)
+        log.append(into_completion, prompt_ref=("c0", 5))
+        log.append(into_prompt, prompt_ref=("c0", 2))
+    lines = path.read_bytes().splitlines()
+    assert b'"prompt_ids":[6,7]' in lines[1] and b'"prompt_ref":["c0",5]' in lines[1]
+    assert b'"prompt_ids":[9]' in lines[2]
+    assert list(capture.read_log(path)) == [parent, into_completion, into_prompt]
+    with pytest.raises(capture.CaptureError, match="continues call 'c0', which is not earlier in this log"):
+        capture.from_json(lines[1])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(lines[0] + b"\n" + lines[1].replace(b'"c0",5', b'"c0",6') + b"\n")
+    with pytest.raises(capture.CaptureError, match=r"bad.jsonl:2: .*prompt_ref length 6 outside"):
+        list(capture.read_log(bad))
+
+
 @pytest.mark.parametrize(
     "kw, msg",
     [

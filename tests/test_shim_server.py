@@ -32,12 +32,18 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
+def prompt_refs(path):
+    """Each line's `prompt_ref` (None: the record is written whole)."""
+    return [json.loads(ln).get("prompt_ref") for ln in open(path, "rb").read().split(b"\n") if ln]
+
+
 def calls(path):
-    """The records of a log, checking each line is exactly what `to_json_bytes` writes for it (the
-    shim splices the prompt's ids from the previous call's bytes)."""
+    """The records of a log, checking each line is exactly what `to_json_bytes` writes for it: whole, or
+    (a call continuing the session's previous one) a reference to that call plus the new tokens."""
     recs = list(read_log(path))
     lines = [ln for ln in open(path, "rb").read().split(b"\n") if ln]
-    assert [to_json_bytes(r) for r in recs] == lines
+    refs = [None if r is None else tuple(r) for r in prompt_refs(path)]
+    assert [to_json_bytes(r, prompt_ref=ref) for r, ref in zip(recs, refs, strict=True)] == lines
     return recs
 
 
@@ -92,8 +98,11 @@ def test_openai_chat_multiturn_tools(tok, tmp_path, stream):
     assert [json.loads(t["function"]["arguments"])["cmd"] for t in finals[1][1]["tool_calls"]] == ["pwd", "id"]
     assert finals[2][1]["content"] == "There are 2 files."
     on_disk = calls(tmp_path / "log.jsonl")
-    assert [r.call_id for r in on_disk] == [r.call_id for r in recs] and len(recs) == 3
+    assert on_disk == recs and len(recs) == 3
     assert_append_only(recs)
+    # an append-only session's later calls are written as the previous call + their new tokens
+    assert prompt_refs(tmp_path / "log.jsonl") == [None] + [[a.call_id, b.prefix_match_len]
+                                                           for a, b in zip(recs, recs[1:])]
     for r in recs:
         r.validate(vocab_size=tok.vocab_size)
         assert r.logprobs == [replay_logprob(t, i) for i, t in enumerate(r.completion_ids)]

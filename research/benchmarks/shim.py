@@ -6,12 +6,15 @@
    is compared with calling the same engine directly on the same prompt ids (same run):
    overhead = t_shim - t_direct. `overhead_ms_p50/p99` are over turns 2..20 (the steady state of a
    session: cost ~ new tokens); turn 1 (tokenizing the whole 20k-token prompt) is reported apart, and
-   so is `capture_to_json_ms_p50`, the time research/capture.py's `to_json` takes per record (it is
-   part of the overhead: the record is serialized and fsync'd before the response completes).
+   so is `capture_to_json_ms_p50`, the time research/capture.py's `to_json_bytes` takes per record as the
+   shim writes it (part of the overhead: the record is serialized and fsync'd before the response
+   completes). A continuing call is written as a reference to the previous one plus its new tokens
+   (`capture_line_bytes_p50`); `capture_line_bytes_full_p50` / `capture_to_json_full_ms_p50` are the same
+   records written whole.
    `fsync_ms_p50` is the filesystem's own fsync time (same directory, same run): the floor under
    `overhead_ms_p50`, since every record is fsync'd before the call's final event;
    `overhead_ms_p50_minus_fsync` is what the shim adds above it. `capture_to_json_speedup` is the
-   stdlib serializer's time over the one capture.py uses (orjson), same records, same run.
+   stdlib serializer's time over the one capture.py uses (orjson), same whole records, same run.
 2. `calls_per_s`: 64 concurrent streaming sessions (short multi-turn chats) against the same engine,
    client in the same process (so the number includes the client's CPU).
 3. `calls_per_s_20k`: 64 concurrent streaming agent sessions whose prompts are ~20k tokens, fsync
@@ -40,7 +43,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from research.capture import _fields, to_json
+from research.capture import _fields, to_json, to_json_bytes
 from research.models.tokenizer import load_tokenizer
 from research.serving.api import GenerateRequest, SamplingParams
 from research.serving.replay import ReplayEngine
@@ -74,7 +77,7 @@ async def _post(http: aiohttp.ClientSession, url: str, key: str, body: dict) -> 
 
 async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, prompt_tokens: int, fsync: bool):
     per_turn: dict[int, list[float]] = {t: [] for t in range(turns)}
-    prompt_lens, to_json_ms, stdlib_ms = [], [], []
+    prompt_lens, to_json_ms, full_ms, stdlib_ms, line_bytes, full_bytes = [], [], [], [], [], []
     async with running_shim(engine, tok, log, fsync=fsync) as srv, aiohttp.ClientSession() as http:
         for k in range(sessions):
             s = await srv.open_session(f"r{k}", "bench", "bench")
@@ -97,13 +100,18 @@ async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, p
                 msgs.append({"role": "tool", "tool_call_id": m["tool_calls"][0]["id"],
                              "content": f"result of turn {t}: " + "ok " * 60})
             recs = await srv.close_session(s.session_id)
-            for rec in recs[1:]:  # the capture schema's serializer, timed alone (it runs inside every call)
+            for prev, rec in zip(recs, recs[1:]):  # the serializer, timed alone (it runs inside every call)
                 t0 = time.perf_counter()
-                to_json(rec)
+                line = to_json_bytes(rec, prompt_ref=(prev.call_id, rec.prefix_match_len))  # what the shim writes
                 to_json_ms.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                full = to_json(rec)  # the whole record (what a call cost before prompt references)
+                full_ms.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 json.dumps(_fields(rec), separators=(",", ":"))
                 stdlib_ms.append((time.perf_counter() - t0) * 1e3)
+                line_bytes.append(len(line) + 1)
+                full_bytes.append(len(full) + 1)
             assert all(b.parent_call_id == a.call_id and b.prefix_match_len == len(a.prompt_ids + a.completion_ids)
                        for a, b in zip(recs, recs[1:])), "bench session was not append-only"
     steady = [x for t in range(1, turns) for x in per_turn[t]]
@@ -111,8 +119,11 @@ async def _overhead(tok, engine, log: pathlib.Path, sessions: int, turns: int, p
             "overhead_ms_p50_last_turn": statistics.median(per_turn[turns - 1]),
             "first_call_overhead_ms_p50": statistics.median(per_turn[0]),
             "capture_to_json_ms_p50": statistics.median(to_json_ms),
+            "capture_to_json_full_ms_p50": statistics.median(full_ms),
             "capture_to_json_stdlib_ms_p50": statistics.median(stdlib_ms),
-            "capture_to_json_speedup": statistics.median(stdlib_ms) / statistics.median(to_json_ms),
+            "capture_to_json_speedup": statistics.median(stdlib_ms) / statistics.median(full_ms),
+            "capture_line_bytes_p50": statistics.median(line_bytes),
+            "capture_line_bytes_full_p50": statistics.median(full_bytes),
             # what the shim itself adds once capture.to_json is fast (it runs inside every call, see above)
             "overhead_ms_p50_minus_to_json": float(np.percentile(steady, 50)) - statistics.median(to_json_ms),
             "prompt_tokens_first": min(prompt_lens), "prompt_tokens_last": max(prompt_lens)}
@@ -264,8 +275,7 @@ def run(sessions: int = 3, turns: int = 20, prompt_tokens: int = 20000, concurre
     with tempfile.TemporaryDirectory(dir=os.environ.get("SHIM_BENCH_DIR")) as d:
         d = pathlib.Path(d)
         out = asyncio.run(_overhead(tok, engine, d / "a.jsonl", sessions, turns, prompt_tokens, fsync))
-        rec_bytes = (d / "a.jsonl").stat().st_size // (sessions * turns)
-        out["fsync_ms_p50"] = _fsync_ms(d, rec_bytes) if fsync else 0.0
+        out["fsync_ms_p50"] = _fsync_ms(d, int(out["capture_line_bytes_p50"])) if fsync else 0.0
         out["overhead_ms_p50_minus_fsync"] = out["overhead_ms_p50"] - out["fsync_ms_p50"]
         out.update(asyncio.run(_throughput(tok, engine, d / "b.jsonl", concurrent, calls_per_session, fsync)))
         out.update(asyncio.run(_long_sessions(tok, engine, d / "c.jsonl", concurrent, long_turns, prompt_tokens,

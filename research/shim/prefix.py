@@ -46,20 +46,39 @@ class PrefixIndex:
         self._root = _Node([], -1, "")
         self._n = 0
         self.tokens = 0  # tokens stored on edges (memory ~ 8 bytes each + the shared ints)
+        self._last: tuple[str, int, list[_Node]] | None = None  # last insert if it ended a leaf: id, length, path
 
     def __len__(self) -> int:
         return self._n
+
+    def extend_last(self, call_id: str, parent_id: str | None, n: int | None, tail: Sequence[int]) -> bool:
+        """Inserts parent's sequence + `tail` in O(len(tail)) when the parent is the last sequence inserted
+        and ended a leaf, `n` being its whole length (an append-only session's next call, whose prompt
+        `lookup` matched in full against it). False, inserting nothing, otherwise: use `insert`."""
+        last = self._last
+        if last is None or last[0] != parent_id or last[1] != n or not tail:
+            return False
+        order, path = self._n, last[2]
+        self._n += 1
+        for node in (self._root, *path):
+            node.latest, node.latest_id = order, call_id
+        path[-1].run += tail
+        self.tokens += len(tail)
+        self._last = (call_id, n + len(tail), path)
+        return True
 
     def insert(self, seq: Sequence[int], call_id: str) -> None:
         order = self._n
         self._n += 1
         node, i, n = self._root, 0, len(seq)
         node.latest, node.latest_id = order, call_id
+        path, self._last = [], None
         while i < n:
             child = node.children.get(seq[i])
             if child is None:
-                node.children[seq[i]] = _Node(list(seq[i:]), order, call_id)
+                node.children[seq[i]] = leaf = _Node(list(seq[i:]), order, call_id)
                 self.tokens += n - i
+                self._last = (call_id, n, path + [leaf])
                 return
             run = child.run
             m = common_prefix(run, 0, seq, i, min(len(run), n - i))
@@ -74,11 +93,13 @@ class PrefixIndex:
                 return
             child.latest, child.latest_id = order, call_id
             node, i = child, i + m
+            path.append(node)
             if i < n and not node.children and node is not self._root:
                 # the new sequence extends a leaf (an append-only session): grow its edge instead of
                 # chaining a node per call; the shorter sequence loses nothing, as ties go to the newer
                 node.run += seq[i:]
                 self.tokens += n - i
+                self._last = (call_id, n, path)
                 return
 
     def lookup(self, prompt: Sequence[int]) -> tuple[str | None, int | None]:

@@ -144,6 +144,7 @@ class ShimServer:
         self.max_body_bytes = max_body_bytes
         self.open_max_sessions, self.open_idle_s = open_max_sessions, open_idle_s
         self.sessions: dict[str, Session] = {}
+        self._calls: set[asyncio.Task] = set()  # every call in flight, all sessions
         self._open_lru: collections.OrderedDict[str, None] = collections.OrderedDict()  # open-mode sessions
         self._closed: collections.OrderedDict[str, int] = collections.OrderedDict()  # sid -> calls it made
         self._runner: web.AppRunner | None = None
@@ -332,13 +333,15 @@ class ShimServer:
         except BadRequest as e:
             return error_response(api.provider, 400, str(e), "invalid_request", param=e.param)
         call = Call(session=s, req=req, api=api.name, engine=self.engine, tokenizer=self.tok, capture=self.capture,
-                    options=self.options)
+                    options=self.options, server_calls=self._calls)
         task = asyncio.current_task()
         s.inflight.add(task)
+        self._calls.add(task)
         try:
             return await self._run_call(call, request, api)
         finally:
             s.inflight.discard(task)
+            self._calls.discard(task)
             s.last_used = time.monotonic()
 
     async def _run_call(self, call: Call, request: web.Request, api: _Api) -> web.StreamResponse:
