@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import anthropic
@@ -427,3 +428,42 @@ def test_responses_custom_tool_roundtrip(tok, tmp_path):
     assert "response.custom_tool_call_input.delta" in events
     assert second[0].content[0].text == "Patched."
     assert_append_only(recs)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.02])
+def test_stream_writes_what_the_engine_produced_together_at_once(tok, tmp_path, monkeypatch, delay_s):
+    """Token chunks the engine has ready together go out in one write (each write is a syscall and a
+    wake-up of the harness); chunks the engine produces apart stream as they come, each before the next."""
+    from research.shim import common
+
+    writes = []
+    real = common._EventStream.write
+
+    async def counting(self, data):
+        writes.append((time.perf_counter(), bytes(data)))
+        return await real(self, data)
+
+    monkeypatch.setattr(common._EventStream, "write", counting)
+
+    async def go():
+        eng = ReplayEngine(["one two three four five six seven"], tok, chunk_size=1, delay_s=delay_s)
+        async with running_shim(eng, tok, tmp_path / "log.jsonl") as srv:
+            s = await srv.open_session("r1", "g1", "opencode")
+            c = openai.AsyncOpenAI(base_url=s.base_url + "/v1", api_key=s.api_key, max_retries=0)
+            text, seen = "", []
+            async for ch in await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}],
+                                                            stream=True):
+                text += ch.choices[0].delta.content or "" if ch.choices else ""
+                seen.append(time.perf_counter())
+            recs = await srv.close_session(s.session_id)
+        return text, recs
+
+    text, recs = run(go())
+    assert text == "one two three four five six seven" and len(recs) == 1
+    n_chunks = len(recs[0].completion_ids)  # the words and the end-of-turn token
+    if delay_s == 0:
+        assert len(writes) <= 1, len(writes)  # everything but the tail went out in one write (the tail with the eof)
+    else:
+        assert len(writes) >= n_chunks - 2, (len(writes), n_chunks)  # streamed: a write per engine chunk
+        gaps = [b[0] - a[0] for a, b in zip(writes, writes[1:])]
+        assert sorted(gaps)[len(gaps) // 2] >= delay_s * 0.5  # and at the engine's pace, not at the end

@@ -3,6 +3,7 @@ and the provider-specific error bodies (OpenAI vs Anthropic shapes)."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import math
 import os
@@ -261,15 +262,19 @@ class _EventStream(web.StreamResponse):
 
 
 class SSE:
-    """A started text/event-stream response. `send` queues an event; `flush` writes every queued
-    event in one go (the call flushes before each wait on the engine, so a client sees tokens as
-    they come, in one write per engine chunk instead of one per event) and raises
-    ConnectionResetError when the client left. The headers travel with the first flush, the last
-    events with the end of the chunked body: a short call is two or three writes."""
+    """A started text/event-stream response. `send` queues an event; `flush_soon` writes what is queued
+    once the calling task next waits (a task of its own, run when the loop gets control), so the
+    chunks an engine produced together go out in one write and a client still sees tokens as soon as
+    the call waits for more; `flush` writes now. A write that failed (the client left) raises
+    ConnectionResetError from the next `flush_soon` / `flush` / `close`. The headers travel with the
+    first write, the last events with the end of the chunked body: a short call is two or three writes
+    (every write to a local client is a syscall and a wake-up of the harness)."""
 
     def __init__(self, resp: web.StreamResponse):
         self.resp = resp
         self._queued: list[bytes] = []
+        self._writer: asyncio.Task | None = None
+        self._error: BaseException | None = None
 
     @classmethod
     async def open(cls, request: web.Request) -> SSE:
@@ -283,13 +288,38 @@ class SSE:
         head = f"event: {event}\ndata: ".encode() if event else b"data: "
         self._queued.append(head + payload + b"\n\n")
 
+    def _raise_failed(self) -> None:
+        if self._error is not None:
+            raise ConnectionResetError(f"event stream write failed: {self._error}") from self._error
+
+    def flush_soon(self) -> None:
+        self._raise_failed()
+        if self._queued and self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_queued())
+
+    async def _write_queued(self) -> None:
+        try:
+            while self._queued and self._error is None:
+                data = b"".join(self._queued)
+                self._queued.clear()
+                await self.resp.write(data)
+        except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - re-raised in the call's own task
+            self._error = e
+        finally:
+            self._writer = None
+
     async def flush(self) -> None:
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+        self._raise_failed()
         if self._queued:
-            data = b"".join(self._queued)
-            self._queued.clear()
-            await self.resp.write(data)
+            await self._write_queued()
+            self._raise_failed()
 
     async def close(self) -> None:
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+        self._raise_failed()
         data = b"".join(self._queued)
         self._queued.clear()
         await self.resp.write_eof(data)

@@ -277,7 +277,7 @@ class Call:
         return evs
 
     async def events(self) -> AsyncIterator[Delta | ParsedToolCall]:
-        """Parser events as the engine produces tokens; an SSE response is flushed before each wait."""
+        """Parser events as the engine produces tokens; an SSE response is flushed at each wait."""
         item = self._first
         while item is not None:
             for ev in self._take(item):
@@ -285,14 +285,14 @@ class Call:
             if isinstance(item, GenerateResult):
                 break
             if self.sse is not None:
-                await self.sse.flush()
+                self.sse.flush_soon()  # goes out as soon as the next item has to be waited for
             try:
                 item = await self._stream.__anext__()
             except StopAsyncIteration:
                 item = None
         self._stream = None
         if self.sse is not None:
-            await self.sse.flush()
+            self.sse.flush_soon()
         if self.result is None:
             raise RuntimeError(f"engine stream of call {self.call_id} ended without a GenerateResult")
 
