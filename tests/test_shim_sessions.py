@@ -56,17 +56,15 @@ def test_prefix_index_equals_brute_force(seqs, prompts):
 def test_prefix_index_extend_last_equals_insert(steps, prompts):
     """Each new sequence is some earlier one's first k tokens + new ones (an agent session continuing,
     retrying or branching), inserted as the shim does: `extend_last` from the parent `lookup` found, else
-    `insert`. Lookups then answer as brute force, as after plain inserts, and the fast path is taken."""
-    idx, inserted, fast = PrefixIndex(), [], 0
+    `insert`. Lookups then answer as brute force, as after plain inserts (the end checks the fast path itself)."""
+    idx, inserted = PrefixIndex(), []
     for i, (k, new) in enumerate(steps):
         base = inserted[-1 - k % len(inserted)][1] if inserted else []
         seq = base[: len(base) - k // 2 if k % 3 else len(base)] + new
         if not seq:
             continue
         parent, n = idx.lookup(seq)
-        if n is not None and idx.extend_last(f"c{i}", parent, n, seq[n:]):
-            fast += 1
-        else:
+        if n is None or not idx.extend_last(f"c{i}", parent, n, seq):
             idx.insert(seq, f"c{i}")
         inserted.append((f"c{i}", seq))
         for p in prompts + [s for _, s in inserted]:
@@ -74,8 +72,8 @@ def test_prefix_index_extend_last_equals_insert(steps, prompts):
     assert idx.tokens <= sum(len(s) for _, s in inserted)
     chain = PrefixIndex()
     chain.insert([1, 2], "a0")
-    assert chain.extend_last("a1", "a0", 2, [3]) and chain.lookup([1, 2, 3, 4]) == ("a1", 3)
-    assert not chain.extend_last("a2", "a0", 2, [9])  # a0 is no longer the last sequence
+    assert chain.extend_last("a1", "a0", 2, [1, 2], [3]) and chain.lookup([1, 2, 3, 4]) == ("a1", 3)
+    assert not chain.extend_last("a2", "a0", 2, [1, 2, 9])  # a0 is no longer the last sequence
 
 
 def test_parent_lookup_does_not_grow_with_the_session():

@@ -265,8 +265,8 @@ class SSE:
     """A started text/event-stream response. `send` queues an event; `flush_soon` writes what is queued
     once the calling task next waits (a task of its own, run when the loop gets control), so the
     chunks an engine produced together go out in one write and a client still sees tokens as soon as
-    the call waits for more; `flush` writes now. A write that failed (the client left) raises
-    ConnectionResetError from the next `flush_soon` / `flush` / `close`. The headers travel with the
+    the call waits for more. A write that failed (the client left) raises ConnectionResetError from
+    the next `flush_soon` / `close`. The headers travel with the
     first write, the last events with the end of the chunked body: a short call is two or three writes
     (every write to a local client is a syscall and a wake-up of the harness)."""
 
@@ -307,14 +307,6 @@ class SSE:
             self._error = e
         finally:
             self._writer = None
-
-    async def flush(self) -> None:
-        if self._writer is not None:
-            await asyncio.shield(self._writer)
-        self._raise_failed()
-        if self._queued:
-            await self._write_queued()
-            self._raise_failed()
 
     async def close(self) -> None:
         if self._writer is not None:

@@ -51,12 +51,16 @@ class PrefixIndex:
     def __len__(self) -> int:
         return self._n
 
-    def extend_last(self, call_id: str, parent_id: str | None, n: int | None, tail: Sequence[int]) -> bool:
-        """Inserts parent's sequence + `tail` in O(len(tail)) when the parent is the last sequence inserted
-        and ended a leaf, `n` being its whole length (an append-only session's next call, whose prompt
-        `lookup` matched in full against it). False, inserting nothing, otherwise: use `insert`."""
+    def extend_last(self, call_id: str, parent_id: str | None, n: int | None, prompt: Sequence[int],
+                    completion: Sequence[int] = ()) -> bool:
+        """Inserts prompt + completion in O(new tokens) when `prompt[:n]` is the whole parent sequence (what
+        `lookup` found) and the parent is the last sequence inserted, ending a leaf: an append-only
+        session's next call. False, inserting nothing, otherwise: use `insert`."""
         last = self._last
-        if last is None or last[0] != parent_id or last[1] != n or not tail:
+        if last is None or (last[0], last[1]) != (parent_id, n):
+            return False
+        tail = [*prompt[n:], *completion]
+        if not tail:
             return False
         order, path = self._n, last[2]
         self._n += 1

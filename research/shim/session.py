@@ -138,26 +138,25 @@ class Session:
         """Earlier call sharing the longest token prefix with this prompt (latest on ties); O(prompt)."""
         return self.prefixes.lookup(prompt_ids)
 
+    def _decoded(self) -> list[CallRecord]:
+        """The finished calls in the order they were recorded (a line may refer to earlier ones)."""
+        return list(map(PromptResolver().decode, self._lines))
+
     @property
     def records(self) -> list[CallRecord]:
         """The finished calls, in call order (decoded from their capture-log lines)."""
-        return sorted(map(PromptResolver().decode, self._lines), key=lambda r: r.call_index)
+        return sorted(self._decoded(), key=lambda r: r.call_index)
 
     def last_record(self) -> CallRecord | None:
-        """The last finished call (its line may refer to earlier ones: all are decoded)."""
-        resolver, rec = PromptResolver(), None
-        for line in self._lines:
-            rec = resolver.decode(line)
-        return rec
+        recs = self._decoded()
+        return recs[-1] if recs else None
 
     def add_finished(self, rec: CallRecord, line: bytes) -> None:
         if self.keep_records:
             self._lines.append(line)
-        if rec.status == "ok":
-            n = rec.prefix_match_len
-            tail = rec.prompt_ids[n:] + rec.completion_ids if n is not None and n <= len(rec.prompt_ids) else None
-            if tail is None or not self.prefixes.extend_last(rec.call_id, rec.parent_call_id, n, tail):
-                self.prefixes.insert(rec.prompt_ids + rec.completion_ids, rec.call_id)
+        if rec.status == "ok" and not self.prefixes.extend_last(
+                rec.call_id, rec.parent_call_id, rec.prefix_match_len, rec.prompt_ids, rec.completion_ids):
+            self.prefixes.insert(rec.prompt_ids + rec.completion_ids, rec.call_id)
 
 
 class Call:
@@ -339,9 +338,7 @@ class Call:
         """(parent call id, n) when this prompt continues the session's last recorded call (an
         append-only session): the record is then written as a reference plus the new tokens."""
         last = self.session.last_ok
-        if last is None or last != (self.parent_call_id, self.prefix_match_len):
-            return None
-        return last
+        return last if last == (self.parent_call_id, self.prefix_match_len) else None
 
     def _write(self, rec: CallRecord) -> bytes:
         line = to_json_bytes(rec)
