@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from research.models import cpu_kernels
 from research.models.config import ModelConfig
 from research.models.moe import _IMPLS as MOE_KERNELS
 from research.models.moe import resolve_impl, route
@@ -147,15 +148,19 @@ def init_layer_cache(cfg: ModelConfig, slots: int, cache_len: int, dtype=None) -
     return LayerKV(k=z(), v=z())
 
 
-def engine_params(params, cfg: ModelConfig) -> dict:
+def engine_params(params, cfg: ModelConfig, kernels: bool = False) -> dict:
     """The fast path's parameter layout (see above). Matrices are pre-cast to the compute dtype (the module
     casts them per call; same values), norm scales keep the param dtype as in the module. Projections that
     read the same input are concatenated into one matmul: `w_qkv` [D, (H + 2K) * Dh], the MLP's `w_gu`
     [D, 2F], and for MoE layers `w_gu` [D, 2, E, I] (every expert's gate and up side by side, for the decode
-    kernel; the [E, D, I] stacks stay for the prefill kernels)."""
+    kernel; the [E, D, I] stacks stay for the prefill kernels).
+
+    `kernels=True` (fp32 on CPU; `cpu_kernels.wanted`): every matrix is packed once for the CPU kernels
+    instead (`cpu_kernels.Packed`, MoE experts as `cpu_kernels.pack_experts` under "experts")."""
     params = nn.meta.unbox(params)
     dt = jnp.dtype(cfg.dtype)
     D = cfg.hidden_size
+    mat = cpu_kernels.pack if kernels else (lambda w: w)
     layers = []
     for r, (moe, _, n) in enumerate(cfg.layer_runs()):
         run = jax.tree.map(lambda a: a.astype(dt) if a.ndim >= 3 else a, params[f"layers_{r}"])  # [n, ...]
@@ -165,18 +170,28 @@ def engine_params(params, cfg: ModelConfig) -> dict:
             layer = {
                 "input_norm": lp["input_norm"]["scale"], "post_attn_norm": lp["post_attn_norm"]["scale"],
                 "q_norm": a["q_norm"]["scale"], "k_norm": a["k_norm"]["scale"],
-                "w_qkv": jnp.concatenate([a[k].reshape(D, -1) for k in ("q_proj", "k_proj", "v_proj")], axis=1),
-                "o_proj": a["o_proj"].reshape(-1, D),
+                "w_qkv": mat(jnp.concatenate([a[k].reshape(D, -1) for k in ("q_proj", "k_proj", "v_proj")], axis=1)),
+                "o_proj": mat(a["o_proj"].reshape(-1, D)),
             }
-            if moe:
+            if moe and kernels:
+                m = lp["moe"]
+                layer["moe"] = {"router": m["router"],
+                                "experts": cpu_kernels.pack_experts(m["wi_gate"], m["wi_up"], m["wo"])}
+            elif moe:
                 m = lp["moe"]
                 layer["moe"] = {**m, "w_gu": jnp.stack([m["wi_gate"], m["wi_up"]]).transpose(2, 0, 1, 3)}
             else:
                 m = lp["mlp"]
-                layer["mlp"] = {"w_gu": jnp.concatenate([m["gate_proj"], m["up_proj"]], axis=1), "down": m["down_proj"]}
+                layer["mlp"] = {"w_gu": mat(jnp.concatenate([m["gate_proj"], m["up_proj"]], axis=1)),
+                                "down": mat(m["down_proj"])}
             layers.append(layer)
     return {"embedding": params["embedding"], "final_norm": params["final_norm"]["scale"],
-            "head": head_weight(params, cfg).astype(dt), "layers": tuple(layers)}
+            "head": mat(head_weight(params, cfg).astype(dt)), "layers": tuple(layers)}
+
+
+def _mm(x, w):
+    """x @ w over the last axis, on the CPU kernel when the weight is packed for it."""
+    return cpu_kernels.matmul(x, w) if isinstance(w, cpu_kernels.Packed) else x @ w
 
 
 def _rms(scale, x, cfg: ModelConfig):
@@ -267,7 +282,9 @@ def _moe(cfg: ModelConfig, mp, h_BxTxD):
     x_NxD = h_BxTxD.reshape(B * T, D)
     w_NxK, ids_NxK = route(x_NxD, mp["router"], top_k=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob)
     A, E, w_NxK = ids_NxK.size, cfg.num_experts, w_NxK.astype(dt)
-    if 2 * A <= E:
+    if "experts" in mp:  # packed for the CPU kernel: the picked experts only, any token count
+        y = cpu_kernels.moe(x_NxD, ids_NxK, w_NxK, mp["experts"])
+    elif 2 * A <= E:
         y = _experts_sliced(x_NxD, ids_NxK, w_NxK, mp)
     elif A <= E or (A <= 4 * E and E <= 4 * ids_NxK.shape[1]):
         y = _experts_all(x_NxD, ids_NxK, w_NxK, mp)
@@ -285,26 +302,28 @@ def _layer(cfg: ModelConfig, moe: bool, lp, x_BxTxD, positions_BxT, ctx_k, ctx_v
     dt = jnp.dtype(cfg.dtype)
     B, T, D = x_BxTxD.shape
     H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    kernels = isinstance(lp["w_qkv"], cpu_kernels.Packed)  # engine_params(kernels=True)
     with jax.named_scope("attn_proj"):
         h = _rms(lp["input_norm"], x_BxTxD, cfg)
-        qkv = (h @ lp["w_qkv"]).reshape(B, T, H + 2 * K, Dh)
+        qkv = _mm(h, lp["w_qkv"]).reshape(B, T, H + 2 * K, Dh)
         q = rope(_rms(lp["q_norm"], qkv[:, :, :H], cfg), positions_BxT, cfg.rope_theta)
         k = rope(_rms(lp["k_norm"], qkv[:, :, H : H + K], cfg), positions_BxT, cfg.rope_theta)
         put = lambda buf, t: jax.lax.dynamic_update_slice_in_dim(buf, jnp.swapaxes(t, 1, 2).astype(buf.dtype), at, 2)
         buf_k, buf_v = put(buf_k, k), put(buf_v, qkv[:, :, H + K :])
     with jax.named_scope("attention"):
-        o = _attend(q, ctx_k.astype(dt), ctx_v.astype(dt), ctx_len_B, buf_k.astype(dt), buf_v.astype(dt),
-                    new_mask_BxTxN)
+        attend = cpu_kernels.attend if kernels and dt == jnp.float32 else _attend
+        o = attend(q, ctx_k.astype(dt), ctx_v.astype(dt), ctx_len_B, buf_k.astype(dt), buf_v.astype(dt),
+                   new_mask_BxTxN)
     with jax.named_scope("attn_proj"):
-        x = x_BxTxD + o.reshape(B, T, H * Dh) @ lp["o_proj"]
+        x = x_BxTxD + _mm(o.reshape(B, T, H * Dh), lp["o_proj"])
         h = _rms(lp["post_attn_norm"], x, cfg)
     if moe:
         with jax.named_scope("moe"):
             y, ids = _moe(cfg, lp["moe"], h)
     else:
         with jax.named_scope("mlp"):
-            g, u = jnp.split(h @ lp["mlp"]["w_gu"], 2, axis=-1)
-            y = (jax.nn.silu(g) * u) @ lp["mlp"]["down"]
+            g, u = jnp.split(_mm(h, lp["mlp"]["w_gu"]), 2, axis=-1)
+            y = _mm(jax.nn.silu(g) * u, lp["mlp"]["down"])
         ids = jnp.full(x.shape[:2] + (cfg.num_experts_per_tok,), -1, jnp.int32)
     return x + y, ids, buf_k, buf_v
 
@@ -325,6 +344,8 @@ def _forward(ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B, buf: LayerKV, at, to
 
 @jax.named_scope("lm_head")
 def _head(ep, hidden_BxTxD) -> Float[Array, "B T V"]:
+    if isinstance(ep["head"], cpu_kernels.Packed):
+        return cpu_kernels.matmul(hidden_BxTxD, ep["head"])
     return jnp.einsum("btd,dv->btv", hidden_BxTxD, ep["head"], preferred_element_type=jnp.float32)
 
 

@@ -13,15 +13,19 @@ import flax.linen as nn
 import jax
 from jaxtyping import Array, Int
 
-from research.models import ModelConfig
+from research.models import ModelConfig, cpu_kernels
 from research.models import decode as model_decode
 from research.models.decode import LayerKV
 from research.serving.runner import ModelRunner
 
 
 class Qwen3Runner(ModelRunner):
-    def __init__(self, cfg: ModelConfig, cache_dtype: str | None = None):
+    """`kernels`: serve with the CPU decode kernels (`research.models.cpu_kernels`); None = decide by
+    `cpu_kernels.wanted` (fp32 on the CPU backend, `HRL_CPU_KERNELS` not off, the library builds)."""
+
+    def __init__(self, cfg: ModelConfig, cache_dtype: str | None = None, kernels: bool | None = None):
         self.cfg = cfg
+        self.kernels = cpu_kernels.wanted(cfg.dtype) if kernels is None else kernels
         self.vocab_size = cfg.vocab_size
         self.routing_shape = (cfg.num_layers, cfg.num_experts_per_tok) if cfg.is_moe else None
         self.cache_dtype = jax.numpy.dtype(cache_dtype or cfg.dtype)
@@ -30,7 +34,7 @@ class Qwen3Runner(ModelRunner):
         return model_decode.init_layer_cache(self.cfg, slots, cache_len, self.cache_dtype)
 
     def prepare_params(self, params):
-        return model_decode.engine_params(params, self.cfg)
+        return model_decode.engine_params(params, self.cfg, kernels=self.kernels)
 
     def prefill(self, params, cache, slot: Int[Array, ""], tokens_C, start, n_valid, *, ctx_len: int):
         logits_V, cache, routed_CxLxK = model_decode.prefill_slot(params, self.cfg, cache, slot, tokens_C, start,

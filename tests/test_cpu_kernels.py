@@ -1,0 +1,116 @@
+"""The CPU decode kernels (research/models/cpu_kernels.*) == the XLA path they replace, and the engine's
+fast path on them == the full forward."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.models import cpu_kernels, init_params, logits, tiny_moe
+from research.models import decode as decode_lib
+from research.models import moe as moe_lib
+from research.models.qwen3 import Qwen3
+from research.serving.qwen3_runner import Qwen3Runner
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
+
+
+def _rand(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape, np.float32))
+
+
+@pytest.mark.parametrize("lead,K,N", [((1,), 256, 512), ((8,), 256, 2048), ((7,), 100, 37), ((40,), 64, 300),
+                                      ((2, 5), 32, 16), ((3,), 17, 4097)])
+def test_matmul_equals_xla_dot(lead, K, N):
+    """Every row-tile size (1..6 and their mixes), partial last panels, leading batch axes, multi-threaded sizes."""
+    rng = np.random.default_rng(K * N)
+    x, w = _rand(rng, *lead, K), _rand(rng, K, N)
+    packed = cpu_kernels.pack(w)
+    assert packed.panels.shape == (-(-N // 16), K, 16) and packed.n == N
+    y = jax.jit(cpu_kernels.matmul)(x, packed)
+    assert y.shape == (*lead, N)
+    np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("T", [1, 3, 9, 64])
+def test_moe_equals_experts_dense(T):
+    """Top-2 of 8 at decode and prefill sizes; a replayed routing that picks one expert twice counts it twice."""
+    rng = np.random.default_rng(T)
+    D, I, E, K = 64, 40, 8, 2
+    x = _rand(rng, T, D)
+    wg, wu, wo = _rand(rng, E, D, I) * 0.1, _rand(rng, E, D, I) * 0.1, _rand(rng, E, I, D) * 0.1
+    ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
+    ids[0] = [3, 3]
+    gates = jnp.asarray(rng.random((T, K), np.float32))
+    y = jax.jit(cpu_kernels.moe)(x, jnp.asarray(ids), gates, cpu_kernels.pack_experts(wg, wu, wo))
+    np.testing.assert_allclose(y, moe_lib.experts_dense(x, jnp.asarray(ids), gates, wg, wu, wo), atol=2e-5)
+
+
+def test_moe_rejects_out_of_range_expert():
+    rng = np.random.default_rng(0)
+    experts = cpu_kernels.pack_experts(_rand(rng, 4, 16, 16), _rand(rng, 4, 16, 16), _rand(rng, 4, 16, 16))
+    with pytest.raises(Exception, match="expert id out of range"):
+        jax.block_until_ready(cpu_kernels.moe(_rand(rng, 2, 16), jnp.array([[0, 4], [1, 2]], jnp.int32),
+                                              jnp.ones((2, 2)), experts))
+
+
+def test_attend_equals_xla_attend():
+    """GQA, rows with no cached keys / all cached keys / a ctx_len past the bucket, a query with no visible key."""
+    rng = np.random.default_rng(1)
+    B, T, H, Kv, L, N, D = 4, 3, 8, 4, 10, 4, 32
+    q, ck, cv, nk, nv = (_rand(rng, *s) for s in [(B, T, H, D), (B, Kv, L, D), (B, Kv, L, D), (B, Kv, N, D),
+                                                   (B, Kv, N, D)])
+    ctx_len = jnp.array([0, 5, 10, 12], jnp.int32)
+    mask = jnp.asarray(rng.random((B, T, N)) < 0.5).at[0, 0].set(False).at[1, 1].set(True)
+    got = jax.jit(cpu_kernels.attend)(q, ck, cv, ctx_len, nk, nv, mask)
+    np.testing.assert_allclose(got, decode_lib._attend(q, ck, cv, ctx_len, nk, nv, mask), atol=1e-5)
+    np.testing.assert_array_equal(got[0, 0], 0.0)  # nothing visible: zeros, like the XLA path
+
+
+def test_modes_and_build_errors(monkeypatch, tmp_path):
+    monkeypatch.setenv("HRL_CPU_KERNELS", "off")
+    assert not cpu_kernels.wanted("float32") and not Qwen3Runner(tiny_moe(dtype="float32")).kernels
+    monkeypatch.setenv("HRL_CPU_KERNELS", "auto")
+    assert cpu_kernels.wanted("float32") and not cpu_kernels.wanted("bfloat16")
+    monkeypatch.setenv("HRL_CPU_KERNELS", "yes")
+    with pytest.raises(ValueError, match="expected auto, on or off"):
+        cpu_kernels.mode()
+    monkeypatch.setenv("HRL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(cpu_kernels.KernelBuildError, match="no C\\+\\+ compiler"):
+        cpu_kernels.build()
+    monkeypatch.setenv("CXX", "g++")
+    monkeypatch.setattr(cpu_kernels, "SOURCE", tmp_path / "broken.cc")
+    (tmp_path / "broken.cc").write_text("this is not C++\n")
+    with pytest.raises(cpu_kernels.KernelBuildError, match="failed"):
+        cpu_kernels.build()
+    assert not list(tmp_path.glob("*.so"))  # nothing half-built left in the cache
+
+
+def test_fast_path_on_kernels_matches_forward():
+    """A MoE model with a dense middle layer: a prefill chunk and a 3-step decode block on the packed layout
+    (every kernel: matmul, moe, attend, LM head) == the training module's full forward, logits and routing."""
+    cfg = tiny_moe(num_layers=3, mlp_only_layers=(1,), dtype="float32")
+    p = init_params(cfg, jax.random.key(5))
+    ep = decode_lib.engine_params(p, cfg, kernels=True)
+    assert isinstance(ep["head"], cpu_kernels.Packed) and "experts" in ep["layers"][0]["moe"]
+    toks = [int(t) for t in jax.random.randint(jax.random.key(6), (8,), 0, cfg.vocab_size)]
+    h, aux = Qwen3(cfg).apply({"params": p}, jnp.array([toks]), jnp.arange(8)[None], jnp.ones((1, 8), jnp.int32),
+                              jnp.full((1, 8), 7), return_routing=True)
+    ref, routed = logits(p, cfg, h)[0], aux["routed_experts"][0]
+    cache = decode_lib.init_layer_cache(cfg, 2, 16)
+    pf = jax.jit(functools.partial(decode_lib.prefill_slot, cfg=cfg), static_argnames=("ctx_len",))
+    lg, cache, r = pf(ep, cache=cache, slot=jnp.int32(1), tokens_C=jnp.array(toks[:5]), start=jnp.int32(0),
+                      n_valid=jnp.int32(5), ctx_len=8)
+    np.testing.assert_allclose(lg, ref[4], atol=1e-5)
+    np.testing.assert_array_equal(r, routed[:5])
+    step = jax.jit(functools.partial(decode_lib.block_decode_step, cfg=cfg))
+    ctx, buf = decode_lib.block_context(cache, 2, 8), decode_lib.block_buffer(cache, 2, 3)
+    for i in range(3):
+        pos = 5 + i
+        lg, buf, r = step(ep, ctx=ctx, ctx_len_B=jnp.array([0, 5]), buf=buf, step=jnp.int32(i),
+                          tokens_B=jnp.array([1, toks[pos]]), positions_B=jnp.array([0, pos]))
+        np.testing.assert_allclose(lg[1], ref[pos], atol=1e-5)
+        np.testing.assert_array_equal(r[1], routed[pos])
