@@ -10,7 +10,8 @@ The library is compiled on first use with the host's C++ compiler for the host C
 FMA required) against jaxlib's FFI headers, and cached under ``$HRL_KERNEL_CACHE`` (default
 ``~/.cache/harness-rl/kernels``) by a hash of the source, jaxlib version, compiler and CPU. ``HRL_CPU_KERNELS``:
 ``auto`` (default: use them for fp32 on the CPU backend when they build), ``off``, ``on`` (same, but a build
-failure is an error: CI sets it).
+failure is an error: CI sets it). ``HRL_KERNEL_THREADS=N`` caps the threads one call is split over (default:
+one per core, from XLA's intra-op pool).
 Same math as the XLA path in fp32; only the summation order differs (tests/test_cpu_kernels.py).
 """
 
@@ -130,6 +131,8 @@ def build() -> pathlib.Path:
 def load() -> ctypes.CDLL:
     """Builds (if needed), loads and registers the FFI targets (`hrl_matmul`, `hrl_moe`, `hrl_attend`) once."""
     lib = ctypes.cdll.LoadLibrary(str(build()))
+    if os.environ.get("HRL_KERNEL_THREADS"):  # cap the parts a call is split into (1: single-threaded)
+        lib.hrl_set_threading(ctypes.c_int64(1 << 17), ctypes.c_int64(int(os.environ["HRL_KERNEL_THREADS"])))
     jax.ffi.register_ffi_target("hrl_matmul", jax.ffi.pycapsule(lib.HrlMatmul), platform="cpu")
     jax.ffi.register_ffi_target("hrl_moe", jax.ffi.pycapsule(lib.HrlMoe), platform="cpu")
     jax.ffi.register_ffi_target("hrl_attend", jax.ffi.pycapsule(lib.HrlAttend), platform="cpu")
