@@ -248,42 +248,107 @@ ffi::Error Moe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
   return ffi::Error::Success();
 }
 
-// One (row b, query t, head h): softmax over [ctx keys j < ctx_len] + [buffer keys n with mask[n]] of
+// out[i] = q . keys[i] for 8 keys (rows D apart): 8 accumulators over D, then one transpose-and-add.
+inline __m256 dot8(const float* q, const float* keys, int64_t D) {
+  __m256 a[8];
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + i * D + d), a[i]);
+  }
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  if (d < D) {  // head_dim not a multiple of 8
+    alignas(32) float t[8];
+    _mm256_store_ps(t, r);
+    for (int i = 0; i < 8; ++i)
+      for (int64_t e = d; e < D; ++e) t[i] += q[e] * keys[i * D + e];
+    r = _mm256_load_ps(t);
+  }
+  return r;
+}
+
+inline float dot1(const float* a, const float* b, int64_t D) {
+  float r = 0.0f;
+  for (int64_t d = 0; d < D; ++d) r += a[d] * b[d];
+  return r;
+}
+
+// s[j] = q . keys[j] * scale for j < n.
+void scores(const float* q, const float* keys, int64_t n, int64_t D, float scale, float* s) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(dot8(q, keys + j * D, D), sc));
+  for (; j < n; ++j) s[j] = dot1(q, keys + j * D, D) * scale;
+}
+
+// o += a * v over D.
+inline void axpy(float a, const float* v, float* o, int64_t D) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(av, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+  for (; d < D; ++d) o[d] += a * v[d];
+}
+
+// exp(x) for 8 floats: x = n ln2 + r (|r| <= ln2/2, ln2 split in two for exactness), e^r by a degree-6
+// polynomial, 2^n by the exponent bits. Max error ~2 ulp (std::exp: ~1), exp(-inf) = 0; x <= -88 flushes to 0.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-88.0f), hi = _mm256_set1_ps(88.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// s[j] = exp(s[j] - mx) for j < n; returns their sum.
+float exp_sum(float* s, int64_t n, float mx) {
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, acc);
+  float sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+  for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+  return sum;
+}
+
+// One (row b, query t, head h): softmax over [ctx keys j < n_ctx] + [buffer keys n with mask[n]] of
 // q.k / sqrt(D), then the weighted sum of values. No visible key: zeros (as the XLA path).
 void attend_one(const float* q, const float* ck, const float* cv, int64_t n_ctx, const float* nk,
                 const float* nv, const bool* mask, int64_t N, int64_t D, float* o, std::vector<float>& s) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   s.resize(static_cast<size_t>(n_ctx + N));
-  auto dot = [D](const float* a, const float* b) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc);
-    float r = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (; d < D; ++d) r += a[d] * b[d];
-    return r;
-  };
+  scores(q, ck, n_ctx, D, scale, s.data());
   float mx = -INFINITY;
-  for (int64_t j = 0; j < n_ctx; ++j) mx = std::max(mx, s[j] = dot(q, ck + j * D) * scale);
+  for (int64_t j = 0; j < n_ctx; ++j) mx = std::max(mx, s[j]);
   for (int64_t n = 0; n < N; ++n)
-    if (mask[n]) mx = std::max(mx, s[n_ctx + n] = dot(q, nk + n * D) * scale);
+    if (mask[n]) mx = std::max(mx, s[n_ctx + n] = dot1(q, nk + n * D, D) * scale);
   std::fill(o, o + D, 0.0f);
   if (mx == -INFINITY) return;
-  float denom = 0.0f;
-  for (int64_t j = 0; j < n_ctx; ++j) denom += (s[j] = std::exp(s[j] - mx));
+  float denom = exp_sum(s.data(), n_ctx, mx);
   for (int64_t n = 0; n < N; ++n) denom += (s[n_ctx + n] = mask[n] ? std::exp(s[n_ctx + n] - mx) : 0.0f);
   const float inv = 1.0f / denom;
-  auto axpy = [D, o](float a, const float* v) {
-    const __m256 av = _mm256_set1_ps(a);
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-      _mm256_storeu_ps(o + d, _mm256_fmadd_ps(av, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
-    for (; d < D; ++d) o[d] += a * v[d];
-  };
-  for (int64_t j = 0; j < n_ctx; ++j) axpy(s[j] * inv, cv + j * D);
+  for (int64_t j = 0; j < n_ctx; ++j) axpy(s[j] * inv, cv + j * D, o, D);
   for (int64_t n = 0; n < N; ++n)
-    if (mask[n]) axpy(s[n_ctx + n] * inv, nv + n * D);
+    if (mask[n]) axpy(s[n_ctx + n] * inv, nv + n * D, o, D);
 }
 
 ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> ck, ffi::Buffer<ffi::F32> cv,
