@@ -178,3 +178,21 @@ def test_moe_decode_kernels_match_moe_dense():
     np.testing.assert_array_equal(routed[0], ids)
     np.testing.assert_allclose(y[0], moe_lib.experts_dense(x[0], ids, w, mp["wi_gate"], mp["wi_up"], mp["wo"]),
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_prefill_writes_the_cache_in_place(kernels):
+    """A prefill chunk's compiled program never copies the (donated) cache: a copy costs O(slots x cache_len)
+    per chunk (it was ~40% of a 32-token prefill at 32 slots), whatever the chunk's size."""
+    if kernels and jax.default_backend() != "cpu":
+        pytest.skip("CPU kernels")
+    cfg = tiny_moe(num_layers=2, dtype="float32")
+    ep = engine_params(init_params(cfg, jax.random.key(0)), cfg, kernels=kernels)
+    cache = init_layer_cache(cfg, 8, 48)
+    fn = jax.jit(functools.partial(prefill_slot, cfg=cfg), static_argnames=("ctx_len",), donate_argnames=("cache",))
+    hlo = fn.lower(ep, cache=cache, slot=jnp.int32(1), tokens_C=jnp.zeros(8, jnp.int32), start=jnp.int32(0),
+                   n_valid=jnp.int32(8), ctx_len=16).compile().as_text()
+    k = cache.k[0]
+    shape = f"f32[{','.join(map(str, k.shape))}]"
+    copies = [ln for ln in hlo.splitlines() if f"= {shape}" in ln and " copy(" in ln]
+    assert not copies, copies
