@@ -15,6 +15,8 @@ fraction of the c=1 tokens on which both implementations agree (a cross-check th
 
 `profile=true` adds `profile_c{1,8}`: milliseconds per decode step of the engine's block function by
 category (lm_head, moe, attention, attn_proj, sampling, cache_io, other; see xla_profile.py) at batch 1 and 8.
+`kernels=false` serves on XLA's ops instead of the CPU decode kernels (research/models/cpu_kernels.py; the
+default decides as the engine does), reported as `cpu_kernels`.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ def run(
     transformers: bool = True,
     hf_threads: tuple[int, ...] = (1, 2),
     profile: bool = False,
+    kernels: bool | None = None,
 ) -> dict:
     concurrency = tuple(int(c) for c in concurrency)
     cfg = bench_config(layers, hidden, experts, top_k, vocab)
@@ -166,8 +169,11 @@ def run(
     ecfg = EngineConfig(num_slots=slots, max_len=prompt_len + new_tokens + 8, prefill_chunk=prompt_len,
                         decode_buckets=tuple(sorted(set(concurrency))), decode_steps=decode_steps)
 
+    runner = Qwen3Runner(cfg, kernels=kernels)
+    engine_kernels = runner.kernels
+
     async def go():
-        engine = JaxEngine(Qwen3Runner(cfg), params, config=ecfg)
+        engine = JaxEngine(runner, params, config=ecfg)
         try:
             measured = await _measure(engine, hf, prompts, concurrency, new_tokens, reps,
                                      tuple(int(t) for t in hf_threads))
@@ -183,6 +189,7 @@ def run(
 
     (samples, ours_first, hf_first), steps, prof = asyncio.run(go())
     result = {"model": f"moe L{layers} d{hidden} E{experts} top{top_k} V{vocab}", "new_tokens": new_tokens,
+              "cpu_kernels": engine_kernels,
               "prompt_len": prompt_len, "reps": reps, "decode_steps": decode_steps,
               **{k: round(statistics.median(v), 2) for k, v in samples.items()}, "engine_decode_steps": steps,
               **prof}
