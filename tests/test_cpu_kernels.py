@@ -114,3 +114,17 @@ def test_fast_path_on_kernels_matches_forward():
                           tokens_B=jnp.array([1, toks[pos]]), positions_B=jnp.array([0, pos]))
         np.testing.assert_allclose(lg[1], ref[pos], atol=1e-5)
         np.testing.assert_array_equal(r[1], routed[pos])
+
+
+def test_shape_mismatches_are_precise_errors():
+    """A call whose operands disagree fails with the target's message, never reads out of bounds."""
+    cpu_kernels.load()
+    x, panels = jnp.ones((2, 32)), jnp.ones((1, 32, 16))
+    with pytest.raises(Exception, match="hrl_matmul: x, weight panels and result shapes disagree"):
+        jax.block_until_ready(jax.ffi.ffi_call("hrl_matmul", jax.ShapeDtypeStruct((2, 20), jnp.float32))(x, panels))
+    with pytest.raises(Exception, match="hrl_matmul: x, weight panels and result shapes disagree"):
+        jax.block_until_ready(jax.ffi.ffi_call("hrl_matmul", jax.ShapeDtypeStruct((3, 16), jnp.float32))(x, panels))
+    experts = cpu_kernels.pack_experts(jnp.ones((4, 16, 16)), jnp.ones((4, 16, 16)), jnp.ones((4, 16, 16)))
+    with pytest.raises(Exception, match="hrl_moe: x, ids and expert weight shapes disagree"):
+        jax.block_until_ready(cpu_kernels.moe(jnp.ones((2, 16)), jnp.zeros((2, 2), jnp.int32), jnp.ones((2, 3)),
+                                              experts))

@@ -160,9 +160,9 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   if (wd.size() != 3 || wd[2] != NB) return ffi::Error::InvalidArgument("hrl_matmul: weight is not [P, K, 16]");
   const int64_t P = wd[0], K = wd[1], N = yd[yd.size() - 1];
   const auto xd = x.dimensions();
-  if (xd[xd.size() - 1] != K || N > P * NB || N <= (P - 1) * NB)
-    return ffi::Error::InvalidArgument("hrl_matmul: x, weight panels and result shapes disagree");
   const int64_t M = N ? y->element_count() / N : 0;
+  if (xd[xd.size() - 1] != K || N > P * NB || N <= (P - 1) * NB || x.element_count() != M * K)
+    return ffi::Error::InvalidArgument("hrl_matmul: x, weight panels and result shapes disagree");
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
@@ -197,7 +197,9 @@ ffi::Error Moe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
       dn[3] != NB)
     return ffi::Error::InvalidArgument("hrl_moe: expected x[T,D], ids[T,K], gate_up[E,2,Pi,D,16], down[E,Pd,I,16]");
   const int64_t T = xd[0], D = xd[1], Kt = id[1], E = gu[0], I = dn[2];
-  if (id[0] != T || gu[3] != D || dn[0] != E || gu[2] != (I + NB - 1) / NB || dn[1] != (D + NB - 1) / NB)
+  const auto gd = gates.dimensions();
+  if (id[0] != T || gd.size() != 2 || gd[0] != T || gd[1] != Kt || gu[3] != D || dn[0] != E ||
+      gu[2] != (I + NB - 1) / NB || dn[1] != (D + NB - 1) / NB)
     return ffi::Error::InvalidArgument("hrl_moe: x, ids and expert weight shapes disagree");
   const float* xp = x.typed_data();
   const int32_t* ip = ids.typed_data();
@@ -359,7 +361,7 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
     return ffi::Error::InvalidArgument("hrl_attend: expected q[B,T,H,D], ctx k/v[B,K,L,D], new k/v[B,K,N,D], mask[B,T,N]");
   const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], Kv = kd[1], L = kd[2], N = nd[2];
   if (kd[0] != B || kd[3] != D || nd[0] != B || nd[1] != Kv || nd[3] != D || md[0] != B || md[1] != T ||
-      md[2] != N || Kv == 0 || H % Kv)
+      md[2] != N || Kv == 0 || H % Kv || ctx_len.element_count() != B)
     return ffi::Error::InvalidArgument("hrl_attend: q, key/value and mask shapes disagree");
   const float *qp = q.typed_data(), *ckp = ck.typed_data(), *cvp = cv.typed_data(), *nkp = nk.typed_data(),
               *nvp = nv.typed_data();
