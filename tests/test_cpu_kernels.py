@@ -128,3 +128,24 @@ def test_shape_mismatches_are_precise_errors():
     with pytest.raises(Exception, match="hrl_moe: x, ids and expert weight shapes disagree"):
         jax.block_until_ready(cpu_kernels.moe(jnp.ones((2, 16)), jnp.zeros((2, 2), jnp.int32), jnp.ones((2, 3)),
                                               experts))
+
+
+def test_concurrent_calls_from_several_threads_split_work_and_agree():
+    """Calls big enough to be split over the intra-op pool, from four threads at once (an engine thread and a
+    learner share the pool): each part is claimed once, a caller never waits on a task still queued behind
+    another caller's, and every result equals the single-call one."""
+    import concurrent.futures
+
+    rng = np.random.default_rng(3)
+    x, w = _rand(rng, 8, 256), _rand(rng, 256, 2048)
+    packed = cpu_kernels.pack(w)
+    fn = jax.jit(lambda x: cpu_kernels.matmul(x, packed))
+    want = np.asarray(fn(x))
+
+    def many(i):
+        return [np.asarray(fn(x * 1.0)) for _ in range(25)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for results in pool.map(many, range(4)):
+            for got in results:
+                np.testing.assert_array_equal(got, want)
