@@ -115,6 +115,7 @@ def build() -> pathlib.Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time across processes
         if lib.exists():
             return lib
+        logging.info("compiling the CPU decode kernels into %s (once per source and host)", lib)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
         cmd = [cxx.split()[0], "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w",
