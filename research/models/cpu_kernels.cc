@@ -205,7 +205,7 @@ ffi::Error Moe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
   const int32_t* ip = ids.typed_data();
   const float* gp = gates.typed_data();
   float* yp = y->typed_data();
-  // rows of each expert, in token order (a token picks an expert at most once)
+  // rows of each expert, in token order (a replayed routing may pick one expert twice for a token: both count)
   std::vector<std::vector<int64_t>> rows(E);
   for (int64_t a = 0; a < T * Kt; ++a) {
     const int32_t e = ip[a];
