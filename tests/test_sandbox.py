@@ -356,3 +356,41 @@ def test_stdin_env_cwd_and_copy_in_a_file(backend, tmp_path):
     a, b = _run(_with_sandbox(backend, tmp_path, go))
     assert a.stdout.strip() == "piped bar /workspace/sub /home/agent", a
     assert b.stdout == "copiedcopied" and (tmp_path / "ws" / "sub" / "note.txt").read_text() == "copied"
+
+
+def test_close_during_an_exec_ends_it_as_killed_not_as_an_error(backend, tmp_path):
+    """An owner's teardown can close a sandbox while an exec still runs there (a web app's server, a tool
+    call): the exec ends as killed, an ExecResult, never a raw backend error (docker: the container is gone
+    by the time the exec's exit status is inspected)."""
+    deadline = time.monotonic() + 30
+
+    async def go():
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        sbx = await backend.create(SandboxSpec(workspace=ws, home=tmp_path / "home", name="test"))
+        if backend.name == "docker":  # the teardown wins the race: the container is gone before the exit status is read
+            api, real = backend.client.api, backend.client.api.exec_inspect
+
+            def late(exec_id):
+                while time.monotonic() < deadline:
+                    try:
+                        backend.client.containers.get(sbx.container.id)
+                    except Exception:  # docker.errors.NotFound: removed
+                        break
+                    time.sleep(0.05)
+                return real(exec_id)
+
+            api.exec_inspect = late
+        run = asyncio.ensure_future(sbx.exec(["sleep", "313"], timeout=120))
+        while not _procs_with_argv(["sleep", "313"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await sbx.close()
+        return await asyncio.wait_for(run, 30)
+
+    try:
+        res = _run(go())
+    finally:
+        if backend.name == "docker":
+            vars(backend.client.api).pop("exec_inspect", None)
+    assert res.exit_code != 0 and not res.timed_out, res
+    assert _procs_with_argv(["sleep", "313"]) == []

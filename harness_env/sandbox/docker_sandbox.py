@@ -124,11 +124,16 @@ class DockerSandbox(Sandbox):
         except BaseException:  # cancelled: the blocked exec_start thread returns once the container is dead
             await asyncio.shield(_blocking(self._kill))
             raise
-        info = await _blocking(api.exec_inspect, ex["Id"])
-        rc = info.get("ExitCode")
-        oom = False
-        if rc == 137:  # SIGKILL: the kernel OOM killer, if the container's memory cgroup counted a kill
-            oom = await _blocking(self._oom_killed)
+        try:
+            info = await _blocking(api.exec_inspect, ex["Id"])
+            rc = info.get("ExitCode")
+            oom = False
+            if rc == 137:  # SIGKILL: the kernel OOM killer, if the container's memory cgroup counted a kill
+                oom = await _blocking(self._oom_killed)
+        except Exception as e:  # docker.errors.NotFound and friends
+            if self.closed:  # closed under the exec (the owner's teardown): it was killed with the container
+                return ExecResult(-9, decode(out), decode(err), False, time.monotonic() - t0)
+            raise SandboxError(f"sandbox {self.id}: reading the exec's exit status failed: {e}") from e
         return ExecResult(-1 if rc is None else rc, decode(out), decode(err), False, time.monotonic() - t0, oom)
 
     def _oom_killed(self) -> bool:
