@@ -170,7 +170,6 @@ def run(
                         decode_buckets=tuple(sorted(set(concurrency))), decode_steps=decode_steps)
 
     runner = Qwen3Runner(cfg, kernels=kernels)
-    engine_kernels = runner.kernels
 
     async def go():
         engine = JaxEngine(runner, params, config=ecfg)
@@ -189,7 +188,7 @@ def run(
 
     (samples, ours_first, hf_first), steps, prof = asyncio.run(go())
     result = {"model": f"moe L{layers} d{hidden} E{experts} top{top_k} V{vocab}", "new_tokens": new_tokens,
-              "cpu_kernels": engine_kernels,
+              "cpu_kernels": runner.kernels,
               "prompt_len": prompt_len, "reps": reps, "decode_steps": decode_steps,
               **{k: round(statistics.median(v), 2) for k, v in samples.items()}, "engine_decode_steps": steps,
               **prof}

@@ -147,7 +147,7 @@ void parallel(ffi::ThreadPool& pool, int64_t parts, const std::function<void(int
 std::atomic<int64_t> g_min_flops{int64_t{1} << 17}, g_max_threads{0};
 
 int64_t pool_parts(ffi::ThreadPool& pool, int64_t work_flops, int64_t max_parts) {
-  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  static const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());  // a syscall: once
   const int64_t cap = g_max_threads.load() ? g_max_threads.load() : std::min<int64_t>(pool.num_threads() + 1, cores);
   if (work_flops < g_min_flops.load() || cap <= 1) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(cap, max_parts));

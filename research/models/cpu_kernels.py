@@ -94,20 +94,21 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _compiler() -> str:
-    cxx = os.environ.get("CXX", "g++")
+def _compiler_version(cxx: str) -> str:
     try:
-        return cxx + " " + subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise KernelBuildError(f"no C++ compiler ({cxx}): {e}") from e
 
 
 def build() -> pathlib.Path:
     """Compiles cpu_kernels.cc for this host (once; cached by content), returns the shared library's path."""
-    if "avx2" not in _cpu_id() or "fma" not in _cpu_id():
+    cpu = _cpu_id()
+    if "avx2" not in cpu or "fma" not in cpu:
         raise KernelBuildError("the CPU lacks AVX2/FMA")
-    cxx = _compiler()
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), jax.lib.__version__, cxx, _cpu_id()]).encode()).hexdigest()
+    cxx = os.environ.get("CXX", "g++")
+    parts = [SOURCE.read_text(), jax.lib.__version__, cxx, _compiler_version(cxx), cpu]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = pathlib.Path(os.environ.get("HRL_KERNEL_CACHE", pathlib.Path.home() / ".cache/harness-rl/kernels"))
     cache.mkdir(parents=True, exist_ok=True)
     lib = cache / f"cpu_kernels-{key[:16]}.so"
@@ -118,7 +119,7 @@ def build() -> pathlib.Path:
         logging.info("compiling the CPU decode kernels into %s (once per source and host)", lib)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
-        cmd = [cxx.split()[0], "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w",
+        cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w",
                f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
