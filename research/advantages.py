@@ -50,11 +50,19 @@ def rloo_advantages(*, rewards_N: Float[Array, "N"], group_ids_N: Int[Array, "N"
     return jnp.where(n_N > 1, rewards_N - loo_mean_N, 0.0)
 
 
+def negated_grpo_advantages(*, rewards_N: Float[Array, "N"], group_ids_N: Int[Array, "N"], num_groups: int,
+                            eps: float = 1e-6) -> Float[Array, "N"]:
+    """-GRPO: the negated-advantage control. Everything else in the chain unchanged, a run with it must drive
+    the reward *down*; a chain that "learns" under both signs learns from something other than the reward."""
+    return -grpo_advantages(rewards_N=rewards_N, group_ids_N=group_ids_N, num_groups=num_groups, eps=eps)
+
+
 GroupEstimator = Callable[..., Float[Array, "N"]]
 GROUP_ESTIMATORS: dict[str, GroupEstimator] = {
     "grpo": grpo_advantages,
     "dr_grpo": dr_grpo_advantages,
     "rloo": rloo_advantages,
+    "negated_grpo": negated_grpo_advantages,
 }
 
 

@@ -24,6 +24,15 @@ def test_rloo_hand_example():
     np.testing.assert_allclose(np.asarray(adv), [2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0], rtol=1e-6)
 
 
+def test_negated_grpo_is_exactly_minus_grpo():
+    r = np.array([1.0, 0.0, 0.3, 0.3, 1.0, 0.0], np.float32)
+    g = np.array([0, 0, 0, 1, 1, 1], np.int32)
+    a = np.asarray(A.group_advantages("grpo", rewards_N=r, group_ids_N=g, num_groups=2))
+    n = np.asarray(A.group_advantages("negated_grpo", rewards_N=r, group_ids_N=g, num_groups=2))
+    np.testing.assert_array_equal(n, -a)
+    np.testing.assert_allclose(n[:3], -(r[:3] - r[:3].mean()) / (r[:3].std() + 1e-6), rtol=1e-6)
+
+
 def test_constant_group_gives_zero_not_nan():
     adv = A.group_advantages("grpo", rewards_N=np.array([1.0, 1.0]), group_ids_N=np.array([0, 0]), num_groups=1)
     np.testing.assert_array_equal(np.asarray(adv), [0.0, 0.0])

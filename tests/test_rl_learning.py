@@ -96,35 +96,79 @@ def word_expert(prompt_text: str) -> str:
     return WORDS[int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % len(WORDS)]
 
 
-@pytest.mark.slow
-@pytest.mark.harness
-@pytest.mark.timeout(900)
-def test_multi_turn_grpo_through_the_harness_lifts_the_reward(tmp_path):
+def _multi_turn_config(tmp_path, seed: int, **rl):
     from configs import demo_cpu
     from harness_env.rl import experts as demos
-    from harness_env.rl.loop import train
-    from harness_env.sandbox import get_backend
-    from research.rl.metrics import read_metrics
 
-    ok, why = get_backend("bwrap").available()
-    assert ok, why
     demos.EXPERTS["word_choice"] = word_expert
     cfg = demo_cpu.get_config("test")
-    tasks = _tasks(tmp_path / "tasks", 16)
+    tasks = tmp_path / "tasks"
+    if not tasks.exists():
+        _tasks(tasks, 16)
+    cfg.seed = seed
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.model.update(embedding_init_std=0.2)
     cfg.optim.update(learning_rate=4e-3, warmup_steps=0)
     cfg.rl_optim.update(learning_rate=2e-3)
+    cfg.rl.update(**rl)
     cfg.sft.update(steps=60, groups_per_step=8, num_demos=-1, expert="word_choice", min_reward=0.0)
     cfg.rollout.update(harnesses="reference_dialog", groups_per_step=4, group_size=4, max_new_tokens=8,
                        max_turns=4, temperature=1.0)
     cfg.train.update(steps=20, batch_rows=4)
     cfg.checkpoint.update(every=10)
     cfg.metrics.update(tensorboard=False, plot_every=100)
-    train(cfg, tmp_path / "run")
-    recs = [m for m in read_metrics(tmp_path / "run") if m["kind"] == "train"]
-    rewards = [m["rollout/all/reward"] for m in recs]
-    assert len(recs) == 20 and all(m["rollout/all/count"] == 16 for m in recs)
-    # every rollout is a chat of two calls: the second call's prompt extends the first -> merged trees
-    assert min(m["tree_compression"] for m in recs) > 1.5
-    assert rewards[0] <= 0.2 and np.mean(rewards[-3:]) >= 0.8, rewards
+    return cfg
+
+
+def _train_rewards(workdir):
+    from research.rl.metrics import read_metrics
+
+    return [m for m in read_metrics(workdir) if m["kind"] == "train"]
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+@pytest.mark.timeout(1800)
+def test_multi_turn_grpo_through_the_harness_lifts_the_reward_on_two_seeds_negated_lowers_it(tmp_path):
+    """Per seed: SFT once, then GRPO from that checkpoint lifts the reward; from seed 0's same SFT checkpoint,
+    the negated-advantage control (estimator `negated_grpo`: every advantage's sign flipped) drives it down."""
+    from harness_env.rl.sweep import run_part
+    from harness_env.sandbox import get_backend
+
+    ok, why = get_backend("bwrap").available()
+    assert ok, why
+    starts = []
+    for seed in (0, 1):
+        base = tmp_path / f"seed{seed}"
+        sft_cfg = _multi_turn_config(tmp_path, seed)
+        sft_cfg.algo = "sft"
+        run_part(sft_cfg, base / "sft")
+        run_part(_multi_turn_config(tmp_path, seed), base / "rl", source=base / "sft")
+        recs = _train_rewards(base / "rl")
+        rewards = [m["rollout/all/reward"] for m in recs]
+        assert len(recs) == 20 and all(m["rollout/all/count"] == 16 for m in recs)
+        # every rollout is a chat of two calls: the second call's prompt extends the first -> merged trees
+        assert min(m["tree_compression"] for m in recs) > 1.5
+        assert rewards[0] <= 0.2 and np.mean(rewards[-3:]) >= 0.8, (seed, rewards)
+        starts.append(rewards[0])
+    neg_cfg = _multi_turn_config(tmp_path, 0, estimator="negated_grpo")
+    neg_cfg.train.steps = 10
+    run_part(neg_cfg, tmp_path / "negated", source=tmp_path / "seed0" / "sft")
+    neg = [m["rollout/all/reward"] for m in _train_rewards(tmp_path / "negated")]
+    assert neg[0] <= 0.2 and np.mean(neg[-3:]) <= 0.03, (neg, starts)
+
+
+@pytest.mark.slow
+def test_learning_bench_keys_are_exact_and_read_from_the_curves():
+    """`launch.bench --suite=learning` prints these keys and no others: a renamed or dropped metric fails here
+    (a reader of BENCH lines must never get a default for a key that silently stopped existing)."""
+    from research.benchmarks import learning
+
+    r = learning.run(steps=2)
+    assert set(r) == {"steps", "grpo_reward_start", "grpo_reward_end", "ppo_reward_start", "ppo_reward_end",
+                      "negated_reward_start", "negated_reward_end", "logp_maxdiff", "grpo_curve", "ppo_curve"}
+    assert r["steps"] == 2 and len(r["grpo_curve"]) == len(r["ppo_curve"]) == 2
+    assert r["grpo_reward_start"] == pytest.approx(r["grpo_curve"][0], abs=1e-3)
+    assert r["grpo_reward_end"] == pytest.approx(r["grpo_curve"][-1], abs=1e-3)
+    assert r["ppo_reward_end"] == pytest.approx(r["ppo_curve"][-1], abs=1e-3)
+    assert 0.0 <= r["negated_reward_end"] <= 1.0 and r["logp_maxdiff"] <= 1e-5

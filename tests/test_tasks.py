@@ -118,3 +118,19 @@ def test_synthesis_is_deterministic_and_validated(bwrap, tmp_path):
         assert t.metadata["params"]["text"] in (t.root / "reward" / "check.py").read_text()
     for t in [load_task(k) for k in kept if "file_rename" in k.name]:  # input file names follow the parameters
         assert (t.input_dir / t.metadata["params"]["src"]).is_file() and t.metadata["params"]["src"] in t.user_query
+
+
+def test_family_classify_answer_reads_form_name_and_word():
+    def reply(cmd):
+        return "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": cmd}}) + "\n</tool_call>"
+
+    right = family.expert_command("notes.txt", "apple", "")
+    cut = "echo the word apple | cut -d' ' -f3 > notes.txt"
+    assert family.classify_answer(reply(cut), "notes.txt", "apple") == {"form": "cut", "name_ok": True, "word_ok": True}
+    assert family.classify_answer(reply(right), "notes.txt", "apple")["form"] == "echo"
+    assert family.classify_answer(reply("echo the word apple > result.txt"), "notes.txt", "apple") == \
+        {"form": "echo", "name_ok": False, "word_ok": True}
+    assert family.classify_answer(reply("echo the word river | cut -d' ' -f3 >notes.txt"), "notes.txt", "apple") == \
+        {"form": "cut", "name_ok": True, "word_ok": False}
+    for bad in ("Done.", reply("ls -la"), "<tool_call>\n{not json\n</tool_call>"):
+        assert family.classify_answer(bad, "notes.txt", "apple") == {"form": "other", "name_ok": False, "word_ok": False}

@@ -133,7 +133,7 @@ class Loop:
         res = results_of(self.eval_rollouts.runner.results_path, {s.rollout_id for s in specs})
         m = rollout_metrics(res, prefix="eval")
         m["eval/wall_s"] = time.monotonic() - t
-        m["eval/elapsed_min"] = (time.time() - self.state.meta["started_at"]) / 60  # since the run's first start
+        m["eval/elapsed_min"] = self.state.work_s / 60  # the run's work minutes (research/rl/run_state.py)
         self.metrics.write(self.state.version, m, kind="eval")
         log.info("eval at version %d: pass rate %.3f", self.state.version, m.get("eval/all/pass_rate", 0.0))
         return m

@@ -129,3 +129,33 @@ def sloppy_reply(prompt_text: str) -> str:
 
 def cut_reply(prompt_text: str) -> str:
     return oracle_reply(prompt_text, mistake="cut")
+
+
+_REDIRECT = re.compile(r">\s*([^\s;&|>]+)")
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def _command_of(reply: str) -> str | None:
+    """The bash command of the reply's first tool call (None: no parseable call)."""
+    m = _TOOL_CALL.search(reply)
+    if not m:
+        return None
+    try:
+        cmd = json.loads(m.group(1))["arguments"]["command"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return cmd if isinstance(cmd, str) else None
+
+
+def classify_answer(reply: str, name: str, word: str) -> dict:
+    """What a policy's first reply to task (name, word) did: `form` is "cut" (`| cut ... > FILE`, the right
+    form), "echo" (a plain `echo ... > FILE`) or "other" (no parseable tool call or no redirect); `name_ok`
+    whether it writes to NAME; `word_ok` whether WORD follows "the word" or `echo`. Why: a held-out pass rate
+    says how many tasks a policy solved, not which of the two skills it lacks (copying the name, choosing the
+    form); the demo's seed sweep reports both (harness_env/rl/sweep.py)."""
+    cmd = _command_of(reply)
+    targets = _REDIRECT.findall(cmd) if cmd else []
+    if not targets:
+        return {"form": "other", "name_ok": False, "word_ok": False}
+    return {"form": "cut" if "| cut" in cmd else "echo", "name_ok": targets[-1] == name,
+            "word_ok": bool(re.search(rf"(?:the word|echo) {re.escape(word)}\b", cmd))}

@@ -25,7 +25,9 @@ class RunState:
     def __init__(self, workdir: pathlib.Path, *, save_every: int, keep: int):
         self.workdir = workdir
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=save_every, keep=keep)
-        self.meta: dict = {"rl_step": 0, "sft_step": 0, "started_at": time.time(), "rl_started": False}
+        self.meta: dict = {"rl_step": 0, "sft_step": 0, "started_at": time.time(), "rl_started": False,
+                           "work_s": 0.0}
+        self._since = time.monotonic()  # work_s counts from here on (this process's start or its restore)
         self.consumed: set[str] = set()
         self.data_state: dict = {}
         self._ledger = open(workdir / "ledger.jsonl", "a")
@@ -34,6 +36,14 @@ class RunState:
     def version(self) -> int:
         """Loop steps done (SFT + RL): the policy version, checkpoint step and metrics step."""
         return int(self.meta["sft_step"]) + int(self.meta["rl_step"])
+
+    @property
+    def work_s(self) -> float:
+        """Seconds this run has worked: summed over its processes up to its last checkpoint, plus this process's
+        time since its restore. Why not wall time since `started_at`: a resumed run, or a run continued in a copy
+        of another's workdir (launch.sweep's RL and control runs branch from one SFT checkpoint), must not count
+        the hours it sat idle or another branch ran; compared runs are compared at equal work minutes."""
+        return float(self.meta.get("work_s", 0.0)) + time.monotonic() - self._since
 
     @property
     def rl_step(self) -> int:
@@ -51,6 +61,7 @@ class RunState:
         self.meta.update({k: v for k, v in meta.items() if k != "consumed"})
         self.consumed = set(meta.get("consumed", []))
         self.data_state = data if isinstance(data, dict) else {}
+        self._since = time.monotonic()
         log.info("resumed at version %d (rl %d, sft %d)", self.version, self.rl_step, self.sft_step)
         return state
 
@@ -67,7 +78,7 @@ class RunState:
         self.save(state, force=force)
 
     def save(self, state, *, force: bool = False) -> None:
-        meta = {**self.meta, "consumed": sorted(self.consumed)}
+        meta = {**self.meta, "work_s": self.work_s, "consumed": sorted(self.consumed)}
         self.ckpt.save(self.version, state, data_state=self.data_state, meta=meta, force=force)
 
     def finish(self, state) -> None:
