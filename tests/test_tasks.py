@@ -132,5 +132,6 @@ def test_family_classify_answer_reads_form_name_and_word():
         {"form": "echo", "name_ok": False, "word_ok": True}
     assert family.classify_answer(reply("echo the word river | cut -d' ' -f3 >notes.txt"), "notes.txt", "apple") == \
         {"form": "cut", "name_ok": True, "word_ok": False}
+    nothing = {"form": "other", "name_ok": False, "word_ok": False}
     for bad in ("Done.", reply("ls -la"), "<tool_call>\n{not json\n</tool_call>"):
-        assert family.classify_answer(bad, "notes.txt", "apple") == {"form": "other", "name_ok": False, "word_ok": False}
+        assert family.classify_answer(bad, "notes.txt", "apple") == nothing
