@@ -360,8 +360,13 @@ class Runner:
         except SandboxError as e:
             raise _Infra(f"starting the verifier: {e}") from e
         try:
-            reward, subs = await grade(vsbx, task, outcome.final_message, _transcript(task, outcome),
-                                       timeout=self.cfg.reward_timeout_s, extra=extra)
+            sanitized: dict = {}
+            try:
+                reward, subs = await grade(vsbx, task, outcome.final_message, _transcript(task, outcome),
+                                           timeout=self.cfg.reward_timeout_s, extra=extra,
+                                           max_file_bytes=_file_cap(self.cfg.limits), sanitized=sanitized)
+            finally:
+                base["meta"]["sanitized"] = _removed(sanitized)
         except RewardError as e:
             return RolloutResult(**base, status="reward_error", message=str(e))
         except (SandboxError, OSError) as e:
@@ -388,6 +393,17 @@ def _disk_message(caps: list[disk.DiskCap], res) -> str:
     if res is not None and res.disk_exceeded:
         hit.append(res.stderr.strip()[:300])
     return "disk cap exceeded: " + ("; ".join(hit) or "(the sandbox reported it)")
+
+
+def _file_cap(limits: Limits) -> int:
+    """No file of a graded workspace may be larger than its disk cap (only a sparse one can); 64 GiB uncapped."""
+    return (limits.workspace_mb << 20) if limits.workspace_mb else 1 << 36
+
+
+def _removed(report: dict) -> dict:
+    """The sanitizer's report as kept with the result: what it removed or changed (empty lists dropped)."""
+    return {k: v for k, v in report.items() if v and k in ("links", "special", "oversize", "modes", "errors",
+                                                              "truncated")}
 
 
 def _web_context(task: Task) -> WebContext | None:

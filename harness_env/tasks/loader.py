@@ -36,6 +36,7 @@ import stat
 from typing import Any
 
 from harness_env.sandbox.base import Sandbox, check_workspace_dir
+from harness_env.tasks import sanitize
 from harness_env.web.env import WebEnv, load_env
 
 DEFAULT_WORKSPACE = "/root/.openclaw/workspace"  # ClawGym's input_mount_dir (and OpenClaw's default)
@@ -291,15 +292,32 @@ CLEAR_REWARD = ('[ -L "$1" ] || chmod -R u+rwX -- "$1" 2>/dev/null; rm -rf -- "$
                 '! [ -e "$1" ] && ! [ -L "$1" ]')
 
 
+MAX_ENTRIES = 200_000  # a workspace with more entries is not graded (harness_env/tasks/sanitize.py)
+
+
 async def grade(sbx: Sandbox, task: Task, final_message: str = "", transcript: list[dict] | None = None,
-                timeout: float = 60.0, extra: dict[str, pathlib.Path] | None = None) -> tuple[float, dict[str, float]]:
+                timeout: float = 60.0, extra: dict[str, pathlib.Path] | None = None, *,
+                max_file_bytes: int = 1 << 30, sanitized: dict | None = None) -> tuple[float, dict[str, float]]:
     """Grades the workspace in `sbx`, which must be the verifier's FRESH sandbox (fresh HOME and TMP, no
-    agent process alive: harness_env/runner.py): whatever the agent left at <workspace>/reward (a dir with
-    extra modules, a file, a link) is removed, the task's reward/ copied there, and reward.sh run as shipped
-    with cwd = that fresh reward/ dir (a checker's own `python3 -c` then imports nothing the agent planted
-    in the workspace). `extra` (name -> host dir) is copied into that fresh reward/ too, after the agent is
-    gone: a web task's app state (`env_state`). Raises RewardError."""
+    agent process alive: harness_env/runner.py): first what could fool, hang or break the checker is removed
+    (links into reward/ or out of the workspace, FIFOs and devices, files over `max_file_bytes`; the owner's
+    modes restored: harness_env/tasks/sanitize.py; its report goes into `sanitized`), then whatever the agent
+    left at <workspace>/reward (a dir with extra modules, a file, a link) is removed, the task's reward/ copied
+    there, and reward.sh run as shipped with cwd = that fresh reward/ dir (a checker's own `python3 -c` then
+    imports nothing the agent planted in the workspace). `extra` (name -> host dir) is copied into that fresh
+    reward/ too, after the agent is gone: a web task's app state (`env_state`). Raises RewardError."""
     rdir = f"{task.workspace_dir}/{REWARD_DIRNAME}"
+    res = await sbx.exec(sanitize.argv(task.workspace_dir, REWARD_DIRNAME, max_file_bytes, MAX_ENTRIES), cwd="/",
+                         env=dict(VERIFIER_ENV), timeout=timeout)
+    try:
+        report = sanitize.parse_report(res.stdout)
+    except ValueError as e:
+        raise RewardError(f"sanitizing the workspace before grading: exit {res.exit_code} {res.stderr[-300:]!r} "
+                          f"({e})") from None
+    if sanitized is not None:
+        sanitized.update(report)
+    if report["truncated"]:
+        raise RewardError(f"the workspace has more than {MAX_ENTRIES} entries: not graded")
     res = await sbx.exec(["/bin/sh", "-c", CLEAR_REWARD, "sh", rdir], cwd="/", timeout=timeout)
     if not res.ok:
         raise RewardError(f"cannot clear {rdir} before grading: exit {res.exit_code} {res.stderr[-300:]!r}")
