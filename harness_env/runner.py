@@ -25,11 +25,13 @@ import math
 import pathlib
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from harness_env import attribution
 from harness_env.harnesses.base import Harness, HarnessError, SessionContext, WebContext, get_harness
 from harness_env.sandbox import disk
 from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError, SandboxSpec, get_backend
@@ -114,6 +116,7 @@ class Runner:
         disk.release_stale(self.cfg.out_dir / "rollouts")  # ... and any left in this run's own dir
         self.results_path = self.cfg.out_dir / "results.jsonl"
         self._results = CaptureLog(self.results_path)
+        self._clean: dict[str, bool | None] = {}  # task root -> its untouched workspace grades without error
 
     def close(self) -> None:
         self._results.close()
@@ -158,6 +161,7 @@ class Runner:
             task = load_task(spec.task_dir)
         except Exception as e:  # TaskError, or anything else a hostile folder provokes: the task's problem
             msg = str(e) if isinstance(e, TaskError) else f"{spec.task_dir}: {type(e).__name__}: {e}"
+            meta.update(cause=attribution.TASK, cause_why="task_error")
             return RolloutResult(**base, status="task_error", message=msg, meta=meta)
         meta.update(task_id=task.task_id, category=task.category, workspace_dir=task.workspace_dir)
         harness = get_harness(spec.harness)
@@ -177,10 +181,48 @@ class Runner:
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
                 continue
             res.timings["total_s"] = time.monotonic() - t0
-            return _finite(res)
+            return _finite(await self._attribute(res, task))
         msg = f"after {self.cfg.infra_retries + 1} attempts: {last}"
-        return _finite(RolloutResult(**base, status="infra_error", message=msg, meta=meta,
-                                     timings={"total_s": time.monotonic() - t0}))
+        return _finite(await self._attribute(RolloutResult(**base, status="infra_error", message=msg, meta=meta,
+                                                           timings={"total_s": time.monotonic() - t0}), task))
+
+    async def _attribute(self, res: RolloutResult, task: Task) -> RolloutResult:
+        """Sets `meta["cause"]` / `meta["cause_why"]` of a failed rollout (harness_env/attribution.py)."""
+        if res.status == "ok":
+            return res
+        faults_of = getattr(self.gateway, "session_faults", None)
+        faults = [f for sid in res.session_ids for f in (faults_of(sid) if faults_of else [])]
+        clean = await self.grades_clean(task) if res.status == "reward_error" else None
+        cause, why = attribution.cause_of(res.status, ran="exit_code" in res.meta, calls=int(res.meta.get("calls", 0)),
+                                          faults=faults, clean_grade=clean)
+        res.meta.update(cause=cause, cause_why=why, **({"serving_faults": faults} if faults else {}))
+        return res
+
+    async def grades_clean(self, task: Task) -> bool | None:
+        """Whether `task`'s untouched workspace (its inputs only) grades without error, in a fresh verifier sandbox;
+        once per task and runner. None when that could not be checked (the verifier did not start)."""
+        key = str(task.root)
+        if key not in self._clean:
+            self._clean[key] = await self._grade_untouched(task)
+        return self._clean[key]
+
+    async def _grade_untouched(self, task: Task) -> bool | None:
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="untouched-", dir=self.cfg.out_dir))
+        try:
+            await asyncio.to_thread(task.populate, tmp)
+            spec = RolloutSpec(task.root, "untouched", 0)
+            vsbx = await self.backend.create(self.verifier_spec(spec, task, tmp))
+            try:
+                await grade(vsbx, task, timeout=self.cfg.reward_timeout_s, max_file_bytes=_file_cap(self.cfg.limits))
+                return True
+            except RewardError:
+                return False
+            finally:
+                await vsbx.close()
+        except (SandboxError, TaskError, OSError):
+            return None
+        finally:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
 
     def _rollout_dir(self, spec: RolloutSpec) -> pathlib.Path:
         return self.cfg.out_dir / "rollouts" / spec.rollout_id

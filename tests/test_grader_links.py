@@ -126,3 +126,34 @@ def test_no_hard_link_leaves_the_workspace(tmp_path):
     res = asyncio.run(go())
     assert not (ws / "h").exists() and not (ws / "e").exists(), res.stdout
     assert "Invalid cross-device link" in res.stderr or "Read-only" in res.stderr or "denied" in res.stderr, res.stderr
+
+
+def test_a_sparse_terabyte_is_neither_hashed_nor_copied_to_the_host(tmp_path):
+    """Host side: `meta.inputs_changed` does not read a replaced input whose size differs (a 1 TB sparse file took
+    hours to hash), and a log file in the agent's HOME over MAX_LOG_BYTES is named, not copied."""
+    import time
+
+    from harness_env.harnesses import get_harness
+    from harness_env.harnesses.base import MAX_LOG_BYTES
+    from harness_env.tasks import load_task
+
+    task = load_task(writable_copy(LIBRARY / "csv_region_totals", tmp_path / "task"))
+    ws = tmp_path / "ws"
+    task.populate(ws)
+    victim = sorted(p for p in ws.rglob("*") if p.is_file())[0]  # inputs are copied to the workspace's root
+    victim.unlink()
+    with open(victim, "wb") as f:
+        f.truncate(1 << 40)
+    t = time.monotonic()
+    changed = task.changed_inputs(ws)
+    assert time.monotonic() - t < 5 and str(victim.relative_to(ws)) in changed, changed
+    harness = get_harness("claude_code")
+    home = tmp_path / "home"
+    pattern = harness.log_globs[0].replace("**/", "").replace("*", "big")
+    big = home / pattern
+    big.parent.mkdir(parents=True, exist_ok=True)
+    with open(big, "wb") as f:
+        f.truncate(1 << 40)
+    kept = harness.save_logs(home, None, tmp_path / "logs")
+    assert any(k.startswith(f"skipped (over {MAX_LOG_BYTES} bytes)") for k in kept), kept
+    assert sum(p.stat().st_size for p in (tmp_path / "logs").rglob("*") if p.is_file()) < MAX_LOG_BYTES

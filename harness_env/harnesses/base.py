@@ -29,6 +29,7 @@ from harness_env.harnesses.install import NpmPackage, bin_path, ensure_installed
 APIS = ("anthropic_messages", "openai_responses", "openai_chat")
 # Kept with every rollout that drove a browser (harness_env/web/browser.py): one PNG per step, the step log.
 WEB_LOG_GLOBS = (".hrl/screenshots/*.png", ".hrl/browser_steps.jsonl")
+MAX_LOG_BYTES = 64 << 20  # a harness log file kept with its rollout; larger ones are named, not copied
 
 
 class HarnessError(RuntimeError):
@@ -226,6 +227,9 @@ class Harness(abc.ABC):
                 # HOME is the agent's: keep only regular files really inside it (no link to a host file,
                 # no FIFO that would block the copy, no file reached through a linked directory).
                 if src.is_symlink() or not src.is_file() or real_home not in src.resolve().parents:
+                    continue
+                if src.stat().st_size > MAX_LOG_BYTES:  # a sparse file would be written out to the host in full
+                    kept.append(f"skipped (over {MAX_LOG_BYTES} bytes): {src.relative_to(host_home)}")
                     continue
                 rel = src.relative_to(host_home)
                 target = dest / "home" / rel

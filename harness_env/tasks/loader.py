@@ -121,7 +121,7 @@ class Task:
                 if os.path.islink(src):
                     continue
                 rel = os.path.relpath(src, self.input_dir)
-                if _digest(src) != _digest_nofollow(workspace, rel):
+                if _digest(src) != _digest_nofollow(workspace, rel, os.path.getsize(src)):
                     out.append(rel)
                     if len(out) >= limit:
                         return out
@@ -133,8 +133,10 @@ def _digest(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _digest_nofollow(root: pathlib.Path, rel: str) -> str | None:
-    """sha256 of root/rel if every component is a real directory and the file a regular file, else None."""
+def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> str | None:
+    """sha256 of root/rel if every component is a real directory and the file a regular file, else None; a file
+    whose size is not `size` (the input's) is changed without being read: an agent's 1 TB sparse file in place of
+    an input would otherwise be hashed for hours."""
     parts = pathlib.PurePosixPath(rel).parts
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -148,8 +150,11 @@ def _digest_nofollow(root: pathlib.Path, rel: str) -> str | None:
         return None
     os.close(fd)
     with os.fdopen(f, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
             return None
+        if st.st_size != size:
+            return f"size:{st.st_size}"
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 

@@ -48,6 +48,9 @@ class PipelineConfig:
     # dropped: dropping them would hide the failure from the advantages (RL could never learn to avoid it).
     scored_failures: tuple[str, ...] = ("timeout", "disk_limit")
     failure_reward: float = 0.0
+    # ... and so are failed rollouts whose `meta["cause"]` is one of these (harness_env/attribution.py: a harness
+    # the policy broke, a checker it made fail); failures of the infrastructure or the task are never trained on
+    scored_causes: tuple[str, ...] = ("policy",)
 
 
 @dataclasses.dataclass
@@ -69,9 +72,10 @@ class TreeItem:
 
 
 def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str, ...] = (),
-                failure_reward: float = 0.0):
+                failure_reward: float = 0.0, scored_causes: tuple[str, ...] = ()):
     """(calls, results, rejections): drops exactly the bad calls/rollouts, naming each. Results whose status
-    is in `scored_failures` count as rewarded with `failure_reward` (their calls are trained on)."""
+    is in `scored_failures`, or whose attributed cause is in `scored_causes`, count as rewarded with
+    `failure_reward` (their calls are trained on)."""
     rejections, results = [], []
     for r in rec.results:
         try:
@@ -81,7 +85,7 @@ def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str
             continue
         if r.status == "ok":
             results.append(r)
-        elif r.status in scored_failures:
+        elif r.status in scored_failures or (r.meta or {}).get("cause") in scored_causes:
             results.append(dataclasses.replace(r, reward=failure_reward))
     rewarded = {r.rollout_id for r in results}
     calls = []
@@ -102,7 +106,7 @@ def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str
 
 def to_tree(rec: GroupRecord, cfg: PipelineConfig) -> TreeItem:
     calls, results, rejections = clean_group(rec, cfg.vocab_size, scored_failures=cfg.scored_failures,
-                                             failure_reward=cfg.failure_reward)
+                                             failure_reward=cfg.failure_reward, scored_causes=cfg.scored_causes)
     merge_generations = cfg.merge_generations
     tree = build_tree(calls, results, merge_generations=merge_generations) if calls else None
     return TreeItem(tree, rejections, rec)

@@ -93,6 +93,9 @@ class RLConfig:
     filter_groups: bool = False  # drop groups whose rollouts all got the same reward (DAPO dynamic sampling)
     # rollouts ending with these statuses (the policy's doing) are trained on with `failure_reward`
     scored_failures: tuple[str, ...] = ("timeout", "disk_limit")
+    # ... and failed rollouts attributed to these causes (harness_env/attribution.py: "policy", "infra", "task");
+    # the default trains on every failure the policy caused and on none the infrastructure or the task did
+    scored_causes: tuple[str, ...] = ("policy",)
     failure_reward: float = 0.0
     recompute_old_logp: bool = False  # pi_old from a trainer forward (bf16 / SGLang mismatch) instead of behaviour
 
@@ -281,7 +284,8 @@ class RunConfig:
                               vocab_size=self.model.vocab_size, estimator=self.rl.estimator,
                               aggregation=self.rl.aggregation, merge_generations=merge, seed=self.seed,
                               filter_groups=self.rl.filter_groups and self.algo != "ppo",
-                              scored_failures=self.rl.scored_failures, failure_reward=self.rl.failure_reward)
+                              scored_failures=self.rl.scored_failures, failure_reward=self.rl.failure_reward,
+                              scored_causes=self.rl.scored_causes)
 
     def objective(self):
         from research.rl.objective import Objective
@@ -384,6 +388,8 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
 
     bad = [s for s in r.scored_failures if s not in ROLLOUT_STATUSES or s == "ok"]
     _check(not bad, f"config.rl.scored_failures: {bad} are not failure statuses; known: {ROLLOUT_STATUSES[1:]}")
+    bad = [c for c in r.scored_causes if c not in ("policy", "infra", "task")]
+    _check(not bad, f"config.rl.scored_causes: {bad} not in ('policy', 'infra', 'task')")
     _check(0 <= r.clip_low < 1 and r.clip_high >= 0, f"config.rl.clip_low/clip_high={r.clip_low}/{r.clip_high}")
     _check(r.kl_coef >= 0 and r.entropy_coef >= 0 and r.value_clip >= 0, "config.rl: kl_coef, entropy_coef and "
            "value_clip must be >= 0")

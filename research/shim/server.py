@@ -147,6 +147,7 @@ class ShimServer:
         self._calls: set[asyncio.Task] = set()  # every call in flight, all sessions
         self._open_lru: collections.OrderedDict[str, None] = collections.OrderedDict()  # open-mode sessions
         self._closed: collections.OrderedDict[str, int] = collections.OrderedDict()  # sid -> calls it made
+        self._closed_faults: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
         self._runner: web.AppRunner | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -209,7 +210,15 @@ class ShimServer:
         self._forget(s)
         await self._cancel_inflight(s)
         self._closed[session_id] = s.n_calls  # aborted calls may have been counted meanwhile
+        self._closed_faults[session_id] = list(s.faults)
+        while len(self._closed_faults) > FORGET_CLOSED:
+            self._closed_faults.popitem(last=False)
         return s.records
+
+    def session_faults(self, session_id: str) -> list[str]:
+        """The serving-side faults of a session (open or closed: the last FORGET_CLOSED closed ones)."""
+        s = self.sessions.get(session_id)
+        return list(s.faults) if s is not None else list(self._closed_faults.get(session_id, []))
 
     def _forget(self, s: Session) -> None:
         self.sessions.pop(s.session_id, None)
@@ -346,19 +355,25 @@ class ShimServer:
 
     async def _run_call(self, call: Call, request: web.Request, api: _Api) -> web.StreamResponse:
         """A parsed call to its end: an HTTP error before anything was sampled (no record), or exactly
-        one record (ok, or aborted when the client left or the engine failed midway)."""
+        one record (ok, or aborted when the client left or the engine failed midway). Every failure on the
+        serving side is noted in the session's `faults`."""
+        fault = call.session.faults.append
+        index = call.session.n_calls
         try:
             try:
                 await call.start()
             except ContextLengthExceeded as e:
+                fault(f"context_length@{index}")
                 msg = f"{e} (context_length_exceeded)" if api.provider == "anthropic" else str(e)
                 return error_response(api.provider, 400, msg, "invalid_request", code="context_length_exceeded",
                                       param="messages")
             except EngineUnavailable as e:
+                fault(f"engine_unavailable@{index}")
                 status = 529 if api.provider == "anthropic" else 503
                 hdr = {"Retry-After": str(max(1, round(e.retry_after_s)))}
                 return error_response(api.provider, status, f"engine unavailable: {e}", "overloaded", headers=hdr)
             except EngineError as e:
+                fault(f"engine_error@{index}")
                 return error_response(api.provider, 500, f"engine error: {e}", "server")
             return await api.respond(call, request)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -366,6 +381,7 @@ class ShimServer:
             raise
         except Exception as e:  # engine failure mid-generation, or a bug: record, tell the client, stay up
             log.exception("call %s failed", call.call_id)
+            fault(f"{type(e).__name__}@{index}")
             await call.abort()
             msg = safe_text(f"{type(e).__name__}: {e}")
             if getattr(call, "sse", None) is not None:

@@ -117,6 +117,9 @@ class Session:
         self._next_index = first_index
         self.inflight: set[asyncio.Task] = set()
         self.last_used = time.monotonic()
+        # what the shim or the engine got wrong in this session ("engine_error@3": call 3): the runner reads
+        # them to tell a harness the policy broke from one the serving side failed (harness_env/runner.py)
+        self.faults: list[str] = []
 
     def request_cache(self, api: str) -> RequestCache:
         """The parsed previous request of this session on `api` (see common.RequestCache)."""
