@@ -135,3 +135,32 @@ def test_family_classify_answer_reads_form_name_and_word():
     nothing = {"form": "other", "name_ok": False, "word_ok": False}
     for bad in ("Done.", reply("ls -la"), "<tool_call>\n{not json\n</tool_call>"):
         assert family.classify_answer(bad, "notes.txt", "apple") == nothing
+
+
+def test_audit_flags_checkers_by_their_syntax_and_selection_can_exclude_them(tmp_path):
+    from harness_env.tasks import select_tasks
+    from harness_env.tasks.audit import audit, flags_of
+
+    def task(name, files):
+        d = tmp_path / "set" / name
+        (d / "reward").mkdir(parents=True)
+        (d / "data_entry.json").write_text(json.dumps({"task_id": name, "user_query": "q", "metadata": {}}))
+        for rel, text in files.items():
+            (d / "reward" / rel).write_text(text)
+        return d
+
+    runs = task("runs", {"check.py": "import json\nimport subprocess\nsubprocess.run(['python3', 'sol.py'])\n"})
+    reads = task("reads", {"check.py": "from pathlib import Path\np = Path('.') / 'input' / 'a.csv'\n"})
+    words = task("words", {"check.py": "msg = 'never call subprocess or read input/ here'\nprint(1.0)\n",
+                           "expected.txt": "42\n"})
+    shell = task("shell", {"reward.sh": "cd \"$(dirname \"$0\")/..\"\npython3 solution.py > out.txt\n"})
+    assert flags_of(runs) == {"executes_code": "check.py:2: import subprocess"}
+    assert set(flags_of(reads)) == {"reads_inputs"} and flags_of(reads)["reads_inputs"].startswith("check.py:2:")
+    assert flags_of(words) == {"ships_answer_files": "expected.txt"}  # words in a string are no finding
+    assert set(flags_of(shell)) == {"executes_code"}
+    r = audit([runs, reads, words, shell])
+    assert r["counts"] == {"executes_code": 2, "reads_inputs": 1, "ships_answer_files": 1} and r["any"] == 4
+    kept = select_tasks(str(tmp_path / "set"), exclude_flags=("executes_code",))
+    assert sorted(d.name for d in kept) == ["reads", "words"]
+    with pytest.raises(TaskError, match="exclude_flags"):
+        select_tasks(str(tmp_path / "set"), exclude_flags=("nonsense",))

@@ -58,7 +58,8 @@ def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:  # n
     generated under root/tasks), `web` (the web family, under root/web_tasks), `library`, `dir` (`train_dir` /
     `eval_dir` as given), or a folder of ClawGym tasks (e.g. ../shared/clawgym/train) split by a seeded hash
     (`seed`, `heldout_fraction`); `limit` > 0: a seeded sample of that many tasks per split."""
-    kw = dict(seed=tasks.seed, heldout_fraction=tasks.heldout_fraction, limit=tasks.limit or None, scratch=root)
+    kw = dict(seed=tasks.seed, heldout_fraction=tasks.heldout_fraction, limit=tasks.limit or None, scratch=root,
+              exclude_flags=tuple(tasks.exclude_flags))
     if tasks.source == "dir":
         return select_tasks(tasks.train_dir if split == "train" else tasks.eval_dir, **kw)
     return select_tasks(tasks.source, split=split, **kw)

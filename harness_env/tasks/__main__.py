@@ -6,6 +6,7 @@
                                                                      1.0, nothing 0.0, mistake 0.0)
   synth    [--seeds DIR] --per-seed N [--seed S] --out DIR           validated variants of the seed tasks
   validate DIR                                                       reference solution 1.0, empty < 1.0
+  audit DIR [--json FILE]                                            static checker flags (tasks/audit.py)
 Validation and synthesis run every checker in a bwrap sandbox (the path rollouts use).
 """
 
@@ -30,6 +31,18 @@ async def _validate(dirs: list[pathlib.Path]) -> int:
         print(f"{'ok  ' if v.ok else 'FAIL'} {v.task_id}: solution={v.solution_reward} empty={v.empty_reward} "
               f"{v.message}")
     return 1 if bad else 0
+
+
+def _audit(root: pathlib.Path, out: pathlib.Path | None) -> int:
+    import json
+
+    from harness_env.tasks.audit import FLAGS, audit
+
+    r = audit(discover(root))
+    print(f"{r['tasks']} tasks, {r['any']} flagged: " + ", ".join(f"{f} {r['counts'][f]}" for f in FLAGS))
+    if out is not None:
+        out.write_text(json.dumps(r, indent=1))
+    return 0
 
 
 def _web(a) -> int:  # noqa: ANN001
@@ -72,7 +85,12 @@ def main(argv: list[str]) -> int:
     s.add_argument("--out", required=True, type=pathlib.Path)
     v = sub.add_parser("validate")
     v.add_argument("dir", type=pathlib.Path)
+    au = sub.add_parser("audit")
+    au.add_argument("dir", type=pathlib.Path)
+    au.add_argument("--json", type=pathlib.Path, default=None, help="write every task's flags here")
     a = p.parse_args(argv)
+    if a.cmd == "audit":
+        return _audit(a.dir, a.json)
     if a.cmd == "family":
         dirs = family.generate(a.out, a.split, a.n, a.seed)
         print(f"wrote {len(dirs)} {a.split} tasks to {a.out}")

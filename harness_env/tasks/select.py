@@ -32,8 +32,10 @@ def split_of(name: str, *, seed: int = 0, heldout_fraction: float = 0.1) -> str:
 
 
 def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_fraction: float = 0.1,
-                 limit: int | None = None, scratch: str | pathlib.Path | None = None) -> list[pathlib.Path]:
-    """The task folders of `split` from `source`, at most `limit` of them (seeded sample).
+                 limit: int | None = None, scratch: str | pathlib.Path | None = None,
+                 exclude_flags: tuple[str, ...] = ()) -> list[pathlib.Path]:
+    """The task folders of `split` from `source`, at most `limit` of them (seeded sample), leaving out the tasks
+    whose checker raises any of `exclude_flags` (harness_env/tasks/audit.py).
 
     `scratch` is where the make_file family is generated (required for it). Raises TaskError for an
     unknown split or a source that is neither a known name nor a folder."""
@@ -55,6 +57,13 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
         dirs = discover(folder)
         if split != "all":
             dirs = [d for d in dirs if split_of(d.name, seed=seed, heldout_fraction=heldout_fraction) == split]
+    if exclude_flags:
+        from harness_env.tasks.audit import FLAGS, flags_of
+
+        unknown = sorted(set(exclude_flags) - set(FLAGS))
+        if unknown:
+            raise TaskError(f"exclude_flags {unknown} not in {FLAGS}")
+        dirs = [d for d in dirs if not set(flags_of(d)) & set(exclude_flags)]
     if limit is not None and limit >= 0 and limit < len(dirs):
         dirs = sorted(random.Random(seed).sample(dirs, limit))
     return dirs

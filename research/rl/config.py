@@ -108,6 +108,7 @@ class TasksConfig:
     eval_dir: str = ""
     heldout_fraction: float = 0.1  # a ClawGym folder: the seeded hash split's held-out share
     limit: int = 0  # > 0: a seeded sample of that many tasks per split
+    exclude_flags: tuple[str, ...] = ()  # leave out tasks whose checker raises these (harness_env/tasks/audit.py)
 
 
 @dataclasses.dataclass(frozen=True)
