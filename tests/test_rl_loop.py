@@ -18,6 +18,7 @@ from harness_env.harnesses.base import register
 from harness_env.harnesses.reference import ReferenceHarness
 from harness_env.sandbox import get_backend
 from research.capture import CallRecord, RolloutResult, read_log
+from research.rl.config import override
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -41,13 +42,7 @@ def _config(tmp_path: pathlib.Path, parity_tasks, **over):
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.optim.update(warmup_steps=0, learning_rate=1e-2)
     cfg.rollout.update(temperature=1.0, max_turns=1)
-    for k, v in over.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
-    return cfg
+    return override(cfg, over)
 
 
 def _meta(workdir: pathlib.Path) -> dict:

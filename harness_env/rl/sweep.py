@@ -33,15 +33,9 @@ _SKIP = shutil.ignore_patterns("*.sock", "done.json", "summary.json")
 
 
 def _seed_config(config, seed: int, **overrides):  # noqa: ANN001
-    cfg = copy.deepcopy(config)
-    cfg.seed = seed
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        target = cfg
-        for part in parents:
-            target = target[part]
-        target[leaf] = value
-    return cfg
+    from research.rl.config import override
+
+    return override(copy.deepcopy(config), {"seed": seed, **overrides})
 
 
 def run_part(cfg, workdir: pathlib.Path, source: pathlib.Path | None = None) -> None:  # noqa: ANN001

@@ -302,6 +302,17 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_collections.ConfigDict:
+    """Sets dotted keys in place (`{"sft.steps": 800}`), as `--config.sft.steps=800` would; returns `config`."""
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
 # ------------------------------------------------------------------------------------------- building
 
 
