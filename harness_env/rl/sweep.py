@@ -144,7 +144,7 @@ def summarize(rows: list[dict], sft_steps: int) -> dict:
         entry["ok"] = (entry["final"] >= min(entry["start"] + 0.25, 0.95) and entry["final"] >= entry["start"]
                        and entry["final"] > entry.get("control", -1.0))
         table.append(entry)
-    out = {"seeds": [e["seed"] for e in table], "table": table}
+    out = {"seeds": [e["seed"] for e in table], "sft_steps": sft_steps, "table": table}
     for key in ("start", "final", "control"):
         vals = [e[key] for e in table if key in e]
         if vals:
@@ -164,11 +164,12 @@ def write_outputs(root: pathlib.Path, rows: list[dict], summary: dict) -> None:
             w.writerow([e["seed"], e["start"], e["final"], " ".join(f"{k}:{p:.3f}" for k, p in e["rl"]),
                         e.get("control", ""), e.get("control_steps", ""), e.get("control_best", ""),
                         f"{e['rl_minutes']:.2f}", e["ok"]])
-    plot_sweep(rows, root / "sweep.png")
+    plot_sweep(rows, root / "sweep.png", summary.get("sft_steps", 0))
 
 
-def plot_sweep(rows: list[dict], out: pathlib.Path) -> pathlib.Path:
-    """Held-out pass rate against work minutes: each seed thin (RL solid, control dashed), medians thick."""
+def plot_sweep(rows: list[dict], out: pathlib.Path, sft_steps: int = 0) -> pathlib.Path:
+    """Held-out pass rate against work minutes: each seed thin (RL solid from the start, the control dashed from
+    its branch point, SFT step `sft_steps`), medians thick."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,7 +177,7 @@ def plot_sweep(rows: list[dict], out: pathlib.Path) -> pathlib.Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for kind, style in (("rl", "-"), ("control", "--")):
-        curves = [r[kind] for r in rows if r.get(kind)]
+        curves = [[p for p in r[kind] if kind == "rl" or p["version"] >= sft_steps] for r in rows if r.get(kind)]
         for i, c in enumerate(curves):
             ax.plot([p["minutes"] for p in c], [p["pass"] for p in c], style, color=f"C{i % 10}", lw=0.8, alpha=0.6)
         n = min((len(c) for c in curves), default=0)
