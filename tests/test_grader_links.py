@@ -157,3 +157,36 @@ def test_a_sparse_terabyte_is_neither_hashed_nor_copied_to_the_host(tmp_path):
     kept = harness.save_logs(home, None, tmp_path / "logs")
     assert any(k.startswith(f"skipped (over {MAX_LOG_BYTES} bytes)") for k in kept), kept
     assert sum(p.stat().st_size for p in (tmp_path / "logs").rglob("*") if p.is_file()) < MAX_LOG_BYTES
+
+
+async def _flood(backend_name: str, ws: pathlib.Path) -> tuple:
+    import tracemalloc
+
+    from harness_env.sandbox import SandboxSpec
+
+    sbx = await get_backend(backend_name).create(SandboxSpec(workspace=ws, home=None, limits=Limits(wall_s=120),
+                                                             name=f"flood-{backend_name}", shim=False,
+                                                             workspace_dir=WS))
+    try:
+        tracemalloc.start()
+        res = await sbx.exec(["/bin/sh", "-c", "yes | head -c 1000000000; echo done >&2"], cwd=WS, timeout=90)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return res, peak
+    finally:
+        await sbx.close()
+
+
+@pytest.mark.parametrize("backend_name", ["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_gigabyte_of_stdout_is_read_and_dropped_not_held(tmp_path, backend_name):
+    import asyncio
+
+    from harness_env.sandbox.base import OUTPUT_CAP
+
+    ok, why = get_backend(backend_name).available()
+    assert ok, why
+    (tmp_path / "ws").mkdir()
+    res, peak = asyncio.run(_flood(backend_name, tmp_path / "ws"))
+    assert res.exit_code == 0 and not res.timed_out and res.stderr.strip() == "done", res
+    assert len(res.stdout) == OUTPUT_CAP and set(res.stdout) == {"y", "\n"}
+    assert peak < 8 * OUTPUT_CAP, peak  # ~1 GB went through; the host held a few MiB of it at most

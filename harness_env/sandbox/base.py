@@ -238,7 +238,28 @@ def get_backend(name: str, **kwargs) -> Backend:
     return _BACKENDS[name](**kwargs)
 
 
-def decode(b: bytes | None, limit: int = 1 << 20) -> str:
+OUTPUT_CAP = 1 << 20  # bytes of each stream an exec keeps (its tail): what `decode` returns anyway
+
+
+class TailBuffer:
+    """The last `cap` bytes of a stream, however much flows through: an agent's `yes` or a 1 GB flood is read
+    and dropped as it comes, never held by the host (trimmed when it reaches twice the cap: amortised O(1))."""
+
+    def __init__(self, cap: int = OUTPUT_CAP):
+        self.cap, self.buf, self.seen = cap, bytearray(), 0
+
+    def add(self, chunk: bytes | None) -> None:
+        if chunk:
+            self.seen += len(chunk)
+            self.buf += chunk
+            if len(self.buf) > 2 * self.cap:
+                del self.buf[: -self.cap]
+
+    def value(self) -> bytes:
+        return bytes(self.buf[-self.cap :])
+
+
+def decode(b: bytes | None, limit: int = OUTPUT_CAP) -> str:
     """Output as text, cut to the last `limit` bytes: a chatty harness must not fill the host's memory."""
     if not b:
         return ""

@@ -38,6 +38,7 @@ from harness_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
     SandboxStartError,
+    TailBuffer,
     decode,
     register_backend,
 )
@@ -131,7 +132,7 @@ class BwrapSandbox(Sandbox):
             os.close(status_w)
         self._running.add(proc)
         reaper.record_pid(self.state, proc.pid)
-        comm = asyncio.ensure_future(proc.communicate(stdin))
+        comm = asyncio.ensure_future(_collect(proc, stdin))
         timed_out = False
         try:
             out, err = await asyncio.wait_for(asyncio.shield(comm), max(timeout, 0.0))
@@ -200,6 +201,29 @@ def _read_all(fd: int) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+async def _collect(proc: asyncio.subprocess.Process, stdin: bytes | None) -> tuple[bytes, bytes]:
+    """`proc.communicate(stdin)` that keeps only the tail of each stream (TailBuffer): the output is read as it
+    comes, so the process never blocks on a full pipe, and the host holds at most ~2 x OUTPUT_CAP per stream."""
+
+    async def feed() -> None:
+        if stdin is None or proc.stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+        proc.stdin.close()
+
+    async def read(stream: asyncio.StreamReader | None) -> bytes:
+        tail = TailBuffer()
+        while stream is not None and (chunk := await stream.read(1 << 16)):
+            tail.add(chunk)
+        return tail.value()
+
+    _, out, err = await asyncio.gather(feed(), read(proc.stdout), read(proc.stderr))
+    await proc.wait()
+    return out, err
 
 
 async def _drain(comm: asyncio.Future, timeout_s: float = 10.0) -> tuple[bytes, bytes]:

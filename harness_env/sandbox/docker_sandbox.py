@@ -40,6 +40,7 @@ from harness_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
     SandboxStartError,
+    TailBuffer,
     decode,
     register_backend,
 )
@@ -83,6 +84,16 @@ def _tar_of(src: pathlib.Path, arcname: str) -> bytes:
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="hrl-docker")
 
 
+def _exec_tails(api, exec_id: str) -> tuple[bytes, bytes]:  # noqa: ANN001 - docker's APIClient
+    """Runs the exec, streaming its output and keeping only each stream's tail (TailBuffer): docker-py's
+    `exec_start(demux=True)` without `stream` would hold all of it (a 1 GB flood) in this process."""
+    out, err = TailBuffer(), TailBuffer()
+    for o, e in api.exec_start(exec_id, stream=True, demux=True):
+        out.add(o)
+        err.add(e)
+    return out.value(), err.value()
+
+
 def _blocking(fn, /, *args, **kwargs):
     return asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
 
@@ -111,7 +122,7 @@ class DockerSandbox(Sandbox):
                                  workdir=cwd or self.spec.workspace_dir, user=f"{UID}:{UID}")
         except Exception as e:  # docker.errors.APIError and friends: infrastructure
             raise SandboxError(f"sandbox {self.id}: exec_create failed: {e}") from e
-        run = asyncio.ensure_future(_blocking(api.exec_start, ex["Id"], demux=True))
+        run = asyncio.ensure_future(_blocking(_exec_tails, api, ex["Id"]))
         try:
             out, err = await asyncio.wait_for(asyncio.shield(run), max(timeout, 0.0))
         except TimeoutError:
