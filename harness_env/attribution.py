@@ -5,15 +5,15 @@ then dropped and counted) or the task (dropped and counted). The rule, one statu
 - harness_error: the policy's when the harness ran, the policy had answered at least once, and neither the shim
   nor the engine reported a fault in the rollout; the infrastructure's otherwise (the adapter refused to start
   it, it died before the first model call, an engine error or overload, a first prompt that does not fit the
-  engine's context: a configuration mismatch).
+  engine's context: a configuration mismatch). A context overflow of a prompt that continues an earlier
+  call is the policy's: its own turns filled the context, as a timeout is its own.
 - reward_error: the policy's when the task's untouched workspace grades without error (checked once per task
   and runner); the task's otherwise.
 - task_error: the task's. infra_error: the infrastructure's.
 
 Why a rule and not a list of scored statuses: dropping every failure but timeouts let a policy escape its negative
 advantage by breaking the harness (`kill -9 $PPID`) or the checker (`chmod 000 .`), so GRPO moved probability from
-honest failure to sabotage; scoring every failure as 0 instead would punish the policy for a crashed engine. A
-context overflow after the first call is the policy's (its own turns filled the context, like a timeout).
+honest failure to sabotage; scoring every failure as 0 instead would punish the policy for a crashed engine.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ CAUSES = (POLICY, INFRA, TASK)
 
 
 def _serving_fault(faults: list[str]) -> str | None:
-    """The first fault that is the serving side's: anything but a context overflow after the first call."""
+    """The first fault that is the serving side's: anything but a context overflow of a prompt that continues an
+    earlier call of its session ("context_length@INDEX:TOKENS:continued")."""
     for f in faults:
-        kind, _, index = f.partition("@")
-        if kind != "context_length" or index in ("", "0"):
+        if not (f.startswith("context_length@") and f.endswith(":continued")):
             return f
     return None
 

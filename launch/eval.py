@@ -27,6 +27,7 @@ import pathlib
 from absl import app, flags
 
 from harness_env.eval.run import build_engine, evaluate, task_dirs
+from harness_env.harnesses.base import check_context, context_for
 from harness_env.runner import RunnerConfig
 from harness_env.sandbox import Limits
 
@@ -48,7 +49,8 @@ _MEMORY = flags.DEFINE_integer("memory_mb", 2048, "sandbox memory limit")
 _WS_MB = flags.DEFINE_integer("workspace_mb", 1024, "workspace disk cap in MiB (0: uncapped); over it: disk_limit")
 _HOME_MB = flags.DEFINE_integer("home_mb", 512, "HOME disk cap in MiB (0: uncapped); over it: disk_limit")
 _MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "agent turns (harnesses that take a limit)")
-_MAX_LEN = flags.DEFINE_integer("max_len", 4096, "--endpoint=jax: longest prompt + completion per slot")
+_MAX_LEN = flags.DEFINE_integer("max_len", 0, "--endpoint=jax: longest prompt + completion per slot (0: sized "
+                                "to the harnesses' first requests, harnesses.base.context_for)")
 
 
 def main(argv):
@@ -66,11 +68,13 @@ def main(argv):
     except ValueError as e:  # TaskError: unknown split, no such dir
         raise app.UsageError(str(e)) from e
     try:
-        engine = build_engine(_ENDPOINT.value, tok, max_len=_MAX_LEN.value, tasks=tasks)
+        max_len = _MAX_LEN.value or context_for(_HARNESS.value)
+        check_context(_HARNESS.value, max_len)
+        engine = build_engine(_ENDPOINT.value, tok, max_len=max_len, tasks=tasks)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     doc = asyncio.run(evaluate(tasks=tasks, harnesses=_HARNESS.value, k=_K.value, engine=engine, tok=tok, out=out,
-                               cfg=cfg, threshold=_THRESHOLD.value))
+                               cfg=cfg, threshold=_THRESHOLD.value, close_engine=True))
     print(doc["paths"]["txt"].read_text())
     print("report: " + " ".join(str(p) for p in doc["paths"].values()))
 

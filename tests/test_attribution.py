@@ -21,8 +21,8 @@ def test_the_rule_table():
     assert A.cause_of("ok") == (None, "")
     assert A.cause_of("timeout")[0] == A.cause_of("disk_limit")[0] == A.POLICY
     assert A.cause_of("harness_error", calls=2)[0] == A.POLICY
-    assert A.cause_of("harness_error", calls=2, faults=["context_length@1"])[0] == A.POLICY  # its turns filled it
-    assert A.cause_of("harness_error", calls=1, faults=["context_length@0"])[0] == A.INFRA  # config mismatch
+    assert A.cause_of("harness_error", calls=2, faults=["context_length@3:5000:continued"])[0] == A.POLICY  # its turns
+    assert A.cause_of("harness_error", calls=1, faults=["context_length@1:12248:fresh"])[0] == A.INFRA  # mismatch
     assert A.cause_of("harness_error", calls=3, faults=["engine_error@2"])[0] == A.INFRA
     assert A.cause_of("harness_error", calls=0)[0] == A.INFRA  # died before the policy said anything
     assert A.cause_of("harness_error", ran=False, calls=0)[0] == A.INFRA

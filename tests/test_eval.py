@@ -151,3 +151,30 @@ def test_launch_eval_end_to_end(tmp_path, qwen3_tokenizer_dir):
     # 1 of the reference harness's 4 tools (bash, read_file, write_file, finish)
     assert beh["tool_coverage_mean"] == pytest.approx(1 / 4)
     assert all(p.exists() for p in doc["paths"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_launch_eval_through_codex_on_the_jax_engine_exits_0_with_a_context_sized_to_codex(tmp_path):
+    """The newcomer's path: `launch.eval --endpoint=jax` through a real CLI. The engine's context is sized to the
+    harness (its ~9k-token first request no longer ends every rollout as a context error), and the process exits 0
+    (the JAX engine's serving thread is closed before exit: it used to abort with rc 134 after the report)."""
+    import subprocess
+    import sys
+
+    from harness_env.harnesses.base import context_for
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "launch.eval", "--tasks=family:heldout:1", "--harness=codex", "--k=1",
+           "--endpoint=jax", "--timeout_s=40", f"--out={tmp_path / 'out'}", "--concurrency=1"]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert len(results) == 1 and "context" not in results[0]["message"], results[0]
+    assert not any(f.startswith("context_length@0") for f in results[0]["meta"].get("serving_faults", []))
+    assert context_for(["codex"]) == 32768
+    refused = subprocess.run([*cmd[:-3], "--max_len=4096", f"--out={tmp_path / 'refused'}"], cwd=repo,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "4096" in refused.stderr and "codex" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "refused" / "results.jsonl").exists()  # refused at start: no rollout ran

@@ -43,8 +43,10 @@ def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | 
 
 
 async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, engine, tok, out: pathlib.Path,
-                   cfg: RunnerConfig, threshold: float = 1.0) -> dict:
-    """Runs (or resumes) the rollouts, then writes the report; returns the report's JSON document paths."""
+                   cfg: RunnerConfig, threshold: float = 1.0, close_engine: bool = False) -> dict:
+    """Runs (or resumes) the rollouts, then writes the report; returns the report's JSON document paths.
+    `close_engine`: the engine is closed before returning (a launcher's own engine: a JAX engine's serving thread
+    still inside XLA when the interpreter exits aborts the process, rc 134, after the report was written)."""
     from research.shim.server import ShimServer
 
     out.mkdir(parents=True, exist_ok=True)
@@ -60,6 +62,8 @@ async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, e
         await server.stop()
         capture.close()
         sock.unlink(missing_ok=True)
+        if close_engine:
+            await engine.close()
     results = [r for r in read_log(out / "results.jsonl") if isinstance(r, RolloutResult)]
     ks = [x for x in (1, 2, 4, 8, 16, 32) if x <= k] or [1]
     rows = metrics.table(results, ks, threshold)

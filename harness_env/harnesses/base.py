@@ -139,6 +139,9 @@ class Harness(abc.ABC):
     # tasks: harness_env/web/browser.py), "only" (a browser agent: web tasks only).
     browser: ClassVar[str] = "none"
     extra_packages: ClassVar[tuple[NpmPackage, ...]] = ()  # installed beside `package` (the MCP browser server)
+    # Tokens of the harness's first model request with the Qwen3 template (system prompt, tool schemas, the task),
+    # measured on ClawGym tasks: the engine's context must hold it and the turns after it (`context_for`).
+    first_request_tokens: ClassVar[int] = 1024
 
     def supports(self, web: bool) -> str | None:
         """None if this harness can run a (web / CLI) task, else why not (the rollout is a harness_error)."""
@@ -252,6 +255,23 @@ def register(cls: type[Harness]) -> type[Harness]:
         raise HarnessError(f"harness name {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
+
+
+def context_for(harnesses: list[str], floor: int = 4096) -> int:
+    """The engine context (tokens per sequence) that runs every harness of `harnesses`: the largest first request
+    doubled (room for the turns after it), rounded up to a power of two, at least `floor`."""
+    need = max([floor, *(2 * get_harness(h).first_request_tokens for h in harnesses)])
+    return 1 << (need - 1).bit_length()
+
+
+def check_context(harnesses: list[str], max_len: int) -> None:
+    """ValueError naming both sizes when `max_len` cannot hold a harness's first request and a first reply (256
+    tokens): a configuration mismatch must fail at start, not as every rollout's harness_error."""
+    for h in harnesses:
+        need = get_harness(h).first_request_tokens + 256
+        if max_len < need:
+            raise ValueError(f"engine context {max_len} tokens < {need} that {h} needs (its first request is "
+                             f"~{get_harness(h).first_request_tokens} tokens); {context_for([h])} would fit")
 
 
 BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw", "browser_use")

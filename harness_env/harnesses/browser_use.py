@@ -35,6 +35,7 @@ DRIVER = pathlib.Path(web_browser.__file__).with_name("browser_use_driver.py")
 class BrowserUse(Harness):
     name = "browser_use"
     api = "openai_chat"
+    first_request_tokens = 12000  # ~12k per call on the web tasks (Qwen3 template)
     browser = "only"
     py_package = PyPackage("browser-use", "0.13.14")
     log_globs = (".config/browseruse/**/*.log",)

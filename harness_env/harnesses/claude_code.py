@@ -33,6 +33,7 @@ from harness_env.web import browser as web_browser
 class ClaudeCode(Harness):
     name = "claude_code"
     api = "anthropic_messages"
+    first_request_tokens = 12300  # 12248 on ClawGym task_1975 (Qwen3 template); ~19k reported with browser tools
     package = NpmPackage("@anthropic-ai/claude-code", "2.1.332", "node_modules/.bin/claude")
     shell_tool = "Bash"
     log_globs = (".claude/projects/**/*.jsonl",)

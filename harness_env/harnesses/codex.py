@@ -41,6 +41,7 @@ def _toml_str(s: str) -> str:
 class Codex(Harness):
     name = "codex"
     api = "openai_responses"
+    first_request_tokens = 9300  # 9238 on ClawGym task_1975 (Qwen3 template)
     package = NpmPackage("@openai/codex", "0.171.0", "node_modules/.bin/codex")
     shell_tool = "exec_command"
     log_globs = (".codex/sessions/**/*.jsonl",)

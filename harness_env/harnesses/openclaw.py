@@ -33,6 +33,7 @@ CONFIG_NAME = "openclaw.json"
 class OpenClaw(Harness):
     name = "openclaw"
     api = "openai_chat"
+    first_request_tokens = 8600  # 8584 on ClawGym task_1975; up to ~21k reported on other tasks (Qwen3 template)
     package = NpmPackage("openclaw", "2026.9.6", "node_modules/.bin/openclaw")
     node = NODE24
     shell_tool = "exec"

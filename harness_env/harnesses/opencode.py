@@ -31,6 +31,7 @@ PROVIDER = "harnessrl"
 class OpenCode(Harness):
     name = "opencode"
     api = "openai_chat"
+    first_request_tokens = 7500  # 7503 on ClawGym task_1975 (Qwen3 template)
     package = NpmPackage("opencode-ai", "1.18.33", "node_modules/.bin/opencode")
     shell_tool = "bash"
     log_globs = (".local/share/opencode/log/*.log", ".local/share/opencode/opencode.db*")  # sessions: sqlite+wal

@@ -29,6 +29,7 @@ AGENT_NAME = ".reference/agent.py"
 class ReferenceHarness(Harness):
     name = "reference"
     api = "openai_chat"
+    first_request_tokens = 400  # 390-400 on the library tasks (Qwen3 template)
     shell_tool = "bash"
     log_globs = (".reference/transcript.jsonl",)
     python = "python3"  # resolved on the sandbox PATH (host /usr is mounted in every backend)
@@ -84,6 +85,7 @@ class ReferenceBashHarness(ReferenceHarness):
     the Qwen3 tool preamble, vs ~400): the harness of the CPU demo, whose tiny policy trains from scratch."""
 
     name = "reference_bash"
+    first_request_tokens = 180  # the make_file family's prompts (the CPU demo)
     tools = ("bash",)
     system = "You are a software agent. Use the bash tool."
 

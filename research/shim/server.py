@@ -363,7 +363,8 @@ class ShimServer:
             try:
                 await call.start()
             except ContextLengthExceeded as e:
-                fault(f"context_length@{index}")
+                n, continues = call.overflow or (0, False)
+                fault(f"context_length@{index}:{n}:{'continued' if continues else 'fresh'}")
                 msg = f"{e} (context_length_exceeded)" if api.provider == "anthropic" else str(e)
                 return error_response(api.provider, 400, msg, "invalid_request", code="context_length_exceeded",
                                       param="messages")

@@ -183,6 +183,7 @@ class Call:
         self._stream: AsyncIterator | None = None
         self._first: TokenChunk | GenerateResult | None = None
         self.prompt: Prompt | None = None
+        self.overflow: tuple[int, bool] | None = None  # (prompt tokens, continues an earlier call) past the context
         self._prompt_job: asyncio.Future | None = None
         self._commit_job: asyncio.Future | None = None  # the one capture record of this call
         self._abort_job: asyncio.Future | None = None
@@ -212,6 +213,9 @@ class Call:
         p = r.assemble(plan, r.add_tokenized(plan.missing, ids))
         max_ctx = self.engine.max_context
         if len(p.ids) >= max_ctx:
+            # whether the prompt continues an earlier call of the session: then the policy's own turns filled the
+            # context; a fresh prompt that does not fit is a configuration mismatch (harness_env/attribution.py)
+            self.overflow = (len(p.ids), self.session.find_parent(p.ids)[0] is not None)
             raise ContextLengthExceeded(f"prompt is too long: {len(p.ids)} tokens > {max_ctx - 1} maximum")
         want = self.req.max_tokens or self.opt.default_max_tokens
         self.max_new_tokens = max(1, min(want, max_ctx - len(p.ids)))
