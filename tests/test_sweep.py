@@ -2,6 +2,8 @@
 branch from that one SFT checkpoint; the table's numbers; resume after the sweep has finished."""
 
 import json
+import pathlib
+import shutil
 
 import pytest
 
@@ -69,8 +71,11 @@ def test_sweep_branches_rl_and_control_from_one_sft_checkpoint(tmp_path):
     cfg.sft.update(steps=2, num_demos=4, groups_per_step=2)
     cfg.eval.update(at_start=True, after_sft=True, every=1, sft_every=1, num_tasks=2)
     cfg.train.update(steps=2)
-    summary = sweep.run_sweep(cfg, [0, 1], tmp_path / "sw")
-    root = tmp_path / "sw"
+    import tempfile
+
+    # a short root: the runs' Unix sockets live in their workdirs (AF_UNIX paths: < 108 bytes)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="sw", dir="/tmp"))
+    summary = sweep.run_sweep(cfg, [0, 1], root)
     assert {p.name for p in root.iterdir()} >= {"seed0", "seed1", "sweep.json", "sweep.csv", "sweep.png"}
     for s in (0, 1):
         base = root / f"seed{s}"
@@ -94,3 +99,4 @@ def test_sweep_branches_rl_and_control_from_one_sft_checkpoint(tmp_path):
     again = json.loads(json.dumps(sweep.run_sweep(cfg, [0, 1], root)))
     assert again == json.loads((root / "sweep.json").read_text())["summary"]
     assert (root / "seed0" / "rl" / "done.json").stat().st_mtime == mtime  # a finished part is not rerun
+    shutil.rmtree(root, ignore_errors=True)
