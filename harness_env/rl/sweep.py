@@ -83,7 +83,7 @@ def answer_forms(workdir: pathlib.Path, version: int) -> dict:
             counts[a["form"]] += 1
             if a["name_ok"]:
                 counts["name_ok"] += 1
-                counts[f"{a['form']}_name_ok"] = counts.get(f"{a['form']}_name_ok", 0) + 1
+                counts[f"{a['form']}_name_ok"] += 1  # "other" answers never name a file
     return counts
 
 

@@ -132,18 +132,11 @@ def cut_reply(prompt_text: str) -> str:
 
 
 _REDIRECT = re.compile(r">\s*([^\s;&|>]+)")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-
-
 def _command_of(reply: str) -> str | None:
-    """The bash command of the reply's first tool call (None: no parseable call)."""
-    m = _TOOL_CALL.search(reply)
-    if not m:
-        return None
-    try:
-        cmd = json.loads(m.group(1))["arguments"]["command"]
-    except (ValueError, KeyError, TypeError):
-        return None
+    """The bash command of the reply's first parseable tool call (None: none)."""
+    from harness_env.eval.analytics import parse_tool_calls
+
+    cmd = next(iter(parse_tool_calls(reply)), ("", {}))[1].get("command")
     return cmd if isinstance(cmd, str) else None
 
 
