@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from harness_env import attribution
+from harness_env import attribution, tamper
 from harness_env.harnesses.base import Harness, HarnessError, SessionContext, WebContext, get_harness
 from harness_env.sandbox import disk
 from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError, SandboxSpec, get_backend
@@ -69,6 +69,7 @@ class RunnerConfig:
     keep_workspaces: bool = False  # keep each rollout's final workspace and HOME under out_dir/rollouts/ID
     progress: bool = True
     disk_mode: str | None = None  # tmpfs | watch (None: tmpfs where this process may mount, else watch)
+    undeclared_inputs: str = "destructive"  # which input changes are tampering where a task declares nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +316,11 @@ class Runner:
                     app.collect, self._rollout_dir(spec) / webenv.STATE_DIRNAME)
                 meta["web"] = await asyncio.to_thread(webenv.summarize, extra[webenv.STATE_DIRNAME])
             await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
-            meta["inputs_changed"] = await asyncio.to_thread(task.changed_inputs, workspace)
+            changes = await asyncio.to_thread(task.input_changes, workspace)
+            meta["inputs_changed"] = [c["path"] for c in changes]
+            bad = tamper.tampered(changes, task.editable_inputs, self.cfg.undeclared_inputs)
+            if bad:
+                meta["tampered"] = bad
             if web:
                 meta.setdefault("web", {}).update(await asyncio.to_thread(_browser_summary, self._rollout_dir(spec)))
             if res is None or res.disk_exceeded or await _over(caps):

@@ -33,8 +33,9 @@ def test_reference_solution_scores_one_and_doing_nothing_does_not(bwrap, task_di
     v = asyncio.run(validate_task(bwrap, task_dir))
     assert v.solution_reward == 1.0, v
     assert v.empty_reward == 0.0, v
+    assert v.ok and v.untouched_reward < 1.0 and v.flags == {} and v.exit_fooled in (None, False), v
     untouched = asyncio.run(run_solution(bwrap, task, solve=False))  # inputs present, nothing done
-    assert untouched < 1.0
+    assert untouched == v.untouched_reward
 
 
 def test_loader_errors_name_the_problem(tmp_path):
@@ -141,10 +142,10 @@ def test_audit_flags_checkers_by_their_syntax_and_selection_can_exclude_them(tmp
     from harness_env.tasks import select_tasks
     from harness_env.tasks.audit import audit, flags_of
 
-    def task(name, files):
+    def task(name, files, metadata=None):
         d = tmp_path / "set" / name
         (d / "reward").mkdir(parents=True)
-        (d / "data_entry.json").write_text(json.dumps({"task_id": name, "user_query": "q", "metadata": {}}))
+        (d / "data_entry.json").write_text(json.dumps({"task_id": name, "user_query": "q", "metadata": metadata or {}}))
         for rel, text in files.items():
             (d / "reward" / rel).write_text(text)
         return d
@@ -158,6 +159,14 @@ def test_audit_flags_checkers_by_their_syntax_and_selection_can_exclude_them(tmp
     assert set(flags_of(reads)) == {"reads_inputs"} and flags_of(reads)["reads_inputs"].startswith("check.py:2:")
     assert flags_of(words) == {"ships_answer_files": "expected.txt"}  # words in a string are no finding
     assert set(flags_of(shell)) == {"executes_code"}
+    guarded = task("guarded", {"check.py": "import subprocess\n"}, {"agent_code_guard": "compares returned values"})
+    assert flags_of(guarded) == {}  # declared, and proved by validation's exit-stub probe (tests/test_redteam.py)
+    (words / "env").mkdir()
+    assert flags_of(words) == {}  # a web task's checker reads the app's state, never a workspace file
+    (words / "env").rmdir()
+    assert audit(discover(LIBRARY))["any"] == 0  # the project's own tasks carry no flag
+    guarded_dir = guarded.parent.parent / "guarded"
+    guarded.rename(guarded_dir)
     r = audit([runs, reads, words, shell])
     assert r["counts"] == {"executes_code": 2, "reads_inputs": 1, "ships_answer_files": 1} and r["any"] == 4
     kept = select_tasks(str(tmp_path / "set"), exclude_flags=("executes_code",))

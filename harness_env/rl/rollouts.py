@@ -152,7 +152,7 @@ class RolloutService:
             reward_timeout_s=r.reward_timeout_s, infra_retries=r.infra_retries, max_turns=r.max_turns,
             limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30,
                           workspace_mb=r.workspace_mb, home_mb=r.home_mb),
-            progress=r.progress)
+            progress=r.progress, undeclared_inputs=cfg.tasks.undeclared_inputs)
         self.runner = Runner(self.runner_cfg, self.shim, capture_log=self.capture, backend=backend)
         self._started = False
 

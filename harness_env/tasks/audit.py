@@ -11,6 +11,13 @@ Read from the files of `reward/` (no sandbox, milliseconds per task), so a whole
   records `meta.inputs_changed` for this reason.
 - `ships_answer_files`: reward/ holds data files (expected answers). Grading removes every link into reward/
   before the copy (harness_env/tasks/sanitize.py), so this is informational: where a link attack would have paid.
+  Not raised for web tasks (env/): their checker compares the app's server-side state, written by the app in its
+  own sandbox, never a workspace file an output could link from.
+
+A task may declare how its checker guards against the agent's code (`metadata.agent_code_guard`, a sentence:
+e.g. it compares the values the code returns, never an exit status); `executes_code` is then not raised
+statically, and validation (harness_env/tasks/validate.py) proves the declaration: with every code file of the
+workspace replaced by one that exits 0 at once, the task must still score below 1.0 (else `exit_fooled`).
 
 Heuristics, by design conservative (a flag is a place to look, not a verdict); `select_tasks(exclude_flags=...)`
 and `config.tasks.exclude_flags` leave flagged tasks out of a run.
@@ -77,13 +84,22 @@ def _py_findings(text: str) -> tuple[int | None, int | None]:
 
 def flags_of(task_root: str | pathlib.Path) -> dict[str, str]:
     """flag -> the first `file:line: text` that raised it, for the task folder `task_root`."""
+    import json
+
     rdir = pathlib.Path(task_root) / "reward"
     out: dict[str, str] = {}
+    try:
+        meta = json.loads((pathlib.Path(task_root) / "data_entry.json").read_text()).get("metadata") or {}
+    except (OSError, ValueError, AttributeError):
+        meta = {}
+    guarded = isinstance(meta, dict) and bool(meta.get("agent_code_guard"))
+    web = (pathlib.Path(task_root) / "env").is_dir()
     files = sorted(p for p in rdir.rglob("*") if p.is_file() and not p.is_symlink()) if rdir.is_dir() else []
     for p in files:
         rel = p.relative_to(rdir)
         if p.suffix not in _CODE_SUFFIXES:
-            out.setdefault("ships_answer_files", str(rel))
+            if not web:
+                out.setdefault("ships_answer_files", str(rel))
             continue
         lines = _lines(p)
 
@@ -99,7 +115,7 @@ def flags_of(task_root: str | pathlib.Path) -> dict[str, str]:
         else:
             run = next((i for i, t in enumerate(lines, 1) if _runs_script_outside_reward(t.split("#", 1)[0])), None)
             inp = next((i for i, t in enumerate(lines, 1) if _INPUTS.search(t.split("#", 1)[0])), None)
-        if run is not None:
+        if run is not None and not guarded:
             out.setdefault("executes_code", where(run))
         if inp is not None:
             out.setdefault("reads_inputs", where(inp))

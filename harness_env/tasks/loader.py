@@ -107,12 +107,24 @@ class Task:
             raise TaskError(f"{self.root}: copying input_files into the workspace: {e}") from e
 
 
+    @property
+    def editable_inputs(self) -> list[str] | None:
+        """Glob patterns of the inputs the task allows the agent to change (`metadata.editable_inputs`); None
+        when the task declares nothing (harness_env/tamper.py picks the rule then)."""
+        v = self.metadata.get("editable_inputs")
+        return [str(g) for g in v] if isinstance(v, list) else None
+
     def changed_inputs(self, workspace: pathlib.Path, limit: int = 50) -> list[str]:
-        """Input files (relative paths) the agent changed, replaced or removed: an audit trail, because
-        ClawGym checkers recompute their expected answers from the inputs in the workspace (emptying the
-        input CSVs of task_0000 and writing empty outputs scores 1.0). Restoring them is no cure: some
-        tasks ask for edits in place. Call only when no agent process runs; never follows a link."""
-        out: list[str] = []
+        """Input files (relative paths) the agent changed, replaced or removed: see `input_changes`."""
+        return [c["path"] for c in self.input_changes(workspace, limit)]
+
+    def input_changes(self, workspace: pathlib.Path, limit: int = 50) -> list[dict]:
+        """Input files the agent changed: {path, change: removed | replaced | modified, size_before, size_after}.
+        An audit trail and the tamper rule's input (harness_env/tamper.py), because ClawGym checkers recompute
+        their expected answers from the inputs in the workspace (emptying the input CSVs of task_0000 and
+        writing empty outputs scores 1.0). Call only when no agent process runs; never follows a link, never
+        reads a file whose size differs (a 1 TB sparse file in place of an input is not hashed)."""
+        out: list[dict] = []
         if not self.input_dir.is_dir():
             return out
         for dirpath, _, filenames in os.walk(self.input_dir):
@@ -121,11 +133,23 @@ class Task:
                 if os.path.islink(src):
                     continue
                 rel = os.path.relpath(src, self.input_dir)
-                if _digest(src) != _digest_nofollow(workspace, rel, os.path.getsize(src)):
-                    out.append(rel)
-                    if len(out) >= limit:
-                        return out
+                size = os.path.getsize(src)
+                got = _digest_nofollow(workspace, rel, size)
+                if got is not None and got[0] == _digest(src):
+                    continue
+                change = {"path": rel, "size_before": size}
+                if got is None:
+                    change["change"] = "removed" if not _lexists(workspace, rel) else "replaced"
+                else:
+                    change.update(change="modified", size_after=got[1])
+                out.append(change)
+                if len(out) >= limit:
+                    return out
         return out
+
+
+def _lexists(root: pathlib.Path, rel: str) -> bool:
+    return os.path.lexists(os.path.join(root, rel))
 
 
 def _digest(path: str) -> str:
@@ -133,10 +157,10 @@ def _digest(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> str | None:
-    """sha256 of root/rel if every component is a real directory and the file a regular file, else None; a file
-    whose size is not `size` (the input's) is changed without being read: an agent's 1 TB sparse file in place of
-    an input would otherwise be hashed for hours."""
+def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> tuple[str, int] | None:
+    """(sha256, size) of root/rel if every component is a real directory and the file a regular file, else None;
+    a file whose size is not `size` (the input's) is changed without being read: an agent's 1 TB sparse file in
+    place of an input would otherwise be hashed for hours."""
     parts = pathlib.PurePosixPath(rel).parts
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -154,8 +178,8 @@ def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> str | None:
         if not stat.S_ISREG(st.st_mode):
             return None
         if st.st_size != size:
-            return f"size:{st.st_size}"
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+            return f"size:{st.st_size}", st.st_size
+        return hashlib.file_digest(fh, "sha256").hexdigest(), st.st_size
 
 
 def _field(d: dict, key: str, entry: pathlib.Path) -> str:

@@ -28,6 +28,7 @@ import json
 SCRIPT = r"""
 import json, os, stat, sys
 ws, rname, max_bytes, max_entries = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rules = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else {"links", "special", "oversize", "modes"}
 rdir = os.path.join(ws, rname)
 rep = {"links": [], "special": [], "oversize": [], "modes": 0, "entries": 0, "truncated": False, "errors": []}
 
@@ -39,6 +40,8 @@ def allowed(real):
     return inside and real != rdir and not real.startswith(rdir + os.sep)
 
 def mode(p, st, want):
+    if "modes" not in rules:
+        return
     m = stat.S_IMODE(st.st_mode)
     if m & want != want:
         try:
@@ -48,6 +51,8 @@ def mode(p, st, want):
             rep["errors"].append(f"chmod {rel(p)}: {e.strerror}")
 
 def remove(p, kind):
+    if kind not in rules:
+        return
     try:
         os.unlink(p)
         rep[kind].append(rel(p))
@@ -91,10 +96,13 @@ print(json.dumps(rep))
 """
 
 
+RULES = ("links", "special", "oversize", "modes")  # every rule, always; a test switches one off to prove it acts
+
+
 def argv(workspace_dir: str, reward_dirname: str, max_file_bytes: int, max_entries: int) -> list[str]:
     """The verifier-sandbox command that sanitizes `workspace_dir` (its report is one JSON line on stdout)."""
     return ["/usr/bin/python3", "-I", "-S", "-c", SCRIPT, workspace_dir, reward_dirname, str(max_file_bytes),
-            str(max_entries)]
+            str(max_entries), ",".join(RULES)]
 
 
 def parse_report(stdout: str) -> dict:

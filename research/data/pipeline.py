@@ -51,6 +51,8 @@ class PipelineConfig:
     # ... and so are failed rollouts whose `meta["cause"]` is one of these (harness_env/attribution.py: a harness
     # the policy broke, a checker it made fail); failures of the infrastructure or the task are never trained on
     scored_causes: tuple[str, ...] = ("policy",)
+    # an `ok` rollout that tampered with its inputs (meta["tampered"]) is rewarded with this, not its grade
+    tamper_reward: float | None = 0.0
 
 
 @dataclasses.dataclass
@@ -72,10 +74,11 @@ class TreeItem:
 
 
 def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str, ...] = (),
-                failure_reward: float = 0.0, scored_causes: tuple[str, ...] = ()):
+                failure_reward: float = 0.0, scored_causes: tuple[str, ...] = (), tamper_reward: float | None = None):
     """(calls, results, rejections): drops exactly the bad calls/rollouts, naming each. Results whose status
     is in `scored_failures`, or whose attributed cause is in `scored_causes`, count as rewarded with
-    `failure_reward` (their calls are trained on)."""
+    `failure_reward` (their calls are trained on); an `ok` result that tampered with its inputs
+    (`meta["tampered"]`) is rewarded with `tamper_reward` (None: its grade stands)."""
     rejections, results = [], []
     for r in rec.results:
         try:
@@ -84,7 +87,8 @@ def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str
             rejections.append(str(e))
             continue
         if r.status == "ok":
-            results.append(r)
+            tampered = tamper_reward is not None and (r.meta or {}).get("tampered")
+            results.append(dataclasses.replace(r, reward=tamper_reward) if tampered else r)
         elif r.status in scored_failures or (r.meta or {}).get("cause") in scored_causes:
             results.append(dataclasses.replace(r, reward=failure_reward))
     rewarded = {r.rollout_id for r in results}
@@ -106,7 +110,8 @@ def clean_group(rec: GroupRecord, vocab_size: int, *, scored_failures: tuple[str
 
 def to_tree(rec: GroupRecord, cfg: PipelineConfig) -> TreeItem:
     calls, results, rejections = clean_group(rec, cfg.vocab_size, scored_failures=cfg.scored_failures,
-                                             failure_reward=cfg.failure_reward, scored_causes=cfg.scored_causes)
+                                             failure_reward=cfg.failure_reward, scored_causes=cfg.scored_causes,
+                                             tamper_reward=cfg.tamper_reward)
     merge_generations = cfg.merge_generations
     tree = build_tree(calls, results, merge_generations=merge_generations) if calls else None
     return TreeItem(tree, rejections, rec)

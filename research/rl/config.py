@@ -97,6 +97,9 @@ class RLConfig:
     # the default trains on every failure the policy caused and on none the infrastructure or the task did
     scored_causes: tuple[str, ...] = ("policy",)
     failure_reward: float = 0.0
+    # an `ok` rollout that tampered with its inputs (meta["tampered"], harness_env/tamper.py) gets this reward
+    # instead of its grade; None: `failure_reward`
+    tamper_reward: float | None = None
     recompute_old_logp: bool = False  # pi_old from a trainer forward (bf16 / SGLang mismatch) instead of behaviour
 
 
@@ -109,6 +112,8 @@ class TasksConfig:
     heldout_fraction: float = 0.1  # a ClawGym folder: the seeded hash split's held-out share
     limit: int = 0  # > 0: a seeded sample of that many tasks per split
     exclude_flags: tuple[str, ...] = ()  # leave out tasks whose checker raises these (harness_env/tasks/audit.py)
+    # which input changes are tampering where a task declares no `editable_inputs` (harness_env/tamper.py)
+    undeclared_inputs: str = "destructive"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +291,9 @@ class RunConfig:
                               aggregation=self.rl.aggregation, merge_generations=merge, seed=self.seed,
                               filter_groups=self.rl.filter_groups and self.algo != "ppo",
                               scored_failures=self.rl.scored_failures, failure_reward=self.rl.failure_reward,
-                              scored_causes=self.rl.scored_causes)
+                              scored_causes=self.rl.scored_causes,
+                              tamper_reward=(self.rl.failure_reward if self.rl.tamper_reward is None
+                                             else self.rl.tamper_reward))
 
     def objective(self):
         from research.rl.objective import Objective
@@ -402,6 +409,7 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
     _check(not bad, f"config.rl.scored_failures: {bad} are not failure statuses; known: {ROLLOUT_STATUSES[1:]}")
     bad = [c for c in r.scored_causes if c not in ("policy", "infra", "task")]
     _check(not bad, f"config.rl.scored_causes: {bad} not in ('policy', 'infra', 'task')")
+    _one_of(run.tasks.undeclared_inputs, ("destructive", "frozen", "editable"), "config.tasks.undeclared_inputs")
     _check(0 <= r.clip_low < 1 and r.clip_high >= 0, f"config.rl.clip_low/clip_high={r.clip_low}/{r.clip_high}")
     _check(r.kl_coef >= 0 and r.entropy_coef >= 0 and r.value_clip >= 0, "config.rl: kl_coef, entropy_coef and "
            "value_clip must be >= 0")

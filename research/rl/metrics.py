@@ -32,6 +32,7 @@ def rollout_metrics(results: list[RolloutResult], prefix: str = "rollout") -> di
         out[f"{prefix}/status/{status}"] = float(n)
     for cause, n in collections.Counter((r.meta or {}).get("cause") for r in results if r.status != "ok").items():
         out[f"{prefix}/cause/{cause or 'unattributed'}"] = float(n)  # harness_env/attribution.py
+    out[f"{prefix}/tampered"] = float(sum(bool((r.meta or {}).get("tampered")) for r in results))  # tamper.py
     lat = [r.timings.get("total_s", 0.0) for r in results if r.timings]
     if lat:
         out[f"{prefix}/latency_s"] = statistics.fmean(lat)

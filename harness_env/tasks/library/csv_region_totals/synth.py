@@ -1,5 +1,6 @@
 """Input synthesis: fresh sales rows; the expected totals are recomputed so the checker stays consistent."""
 import json
+import re
 
 
 def mutate(rng, task_dir):
@@ -10,5 +11,7 @@ def mutate(rng, task_dir):
         totals[region] = round(totals.get(region, 0.0) + amount, 2)
     lines = ["region,amount"] + [f"{r},{a}" for r, a in rows]
     (task_dir / "input_files" / "sales.csv").write_text("\n".join(lines) + "\n")
-    (task_dir / "reward" / "expected.json").write_text(json.dumps(totals) + "\n")
+    check = task_dir / "reward" / "check.py"
+    check.write_text(re.sub(r"^EXPECTED = .*$", f"EXPECTED = {json.dumps(totals)}", check.read_text(), count=1,
+                            flags=re.M))
     return {"rows": len(rows), "regions": sorted(totals)}

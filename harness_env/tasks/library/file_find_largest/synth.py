@@ -1,4 +1,5 @@
 """Input synthesis: new file names and sizes in data/; the expected answer is rewritten to match."""
+import re
 
 
 def mutate(rng, task_dir):
@@ -10,5 +11,6 @@ def mutate(rng, task_dir):
     for name, size in zip(names, sizes):
         (data / f"{name}.log").write_text("x" * size + "\n")
     largest = names[sizes.index(max(sizes))] + ".log"
-    (task_dir / "reward" / "expected.txt").write_text(largest + "\n")
+    check = task_dir / "reward" / "check.py"
+    check.write_text(re.sub(r"^EXPECTED = .*$", f"EXPECTED = {largest!r}", check.read_text(), count=1, flags=re.M))
     return {"files": len(names), "largest": largest}

@@ -1,5 +1,4 @@
 import json
-import os
 import sys
 
 
@@ -18,8 +17,9 @@ def read(path):
         return None
 
 
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "expected.json")) as f:
-    want = json.load(f)
+# The answer lives in the checker, not in a data file of reward/ an output could link to (synth.py rewrites it).
+EXPECTED = {"north": 12.75, "south": 5.75, "east": 7.0}
+want = EXPECTED
 try:
     got = json.loads(read("totals.json") or "")
 except ValueError:

@@ -1,5 +1,4 @@
 import json
-import os
 import sys
 
 
@@ -18,6 +17,8 @@ def read(path):
         return None
 
 
-want = read(os.path.join(os.path.dirname(os.path.abspath(__file__)), "expected.txt")).strip()
+# The answer lives in the checker, not in a data file of reward/ an output could link to (synth.py rewrites it).
+EXPECTED = "beta.log"
+want = EXPECTED
 got = (read("largest.txt") or "").strip()
 finish({"answer": float(got in (want, "data/" + want))})
