@@ -69,7 +69,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.rl.update(estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.1,
                      entropy_coef=0.0, is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0,
                      filter_groups=True)
-    config.tasks.update(source="make_file", seed=0)
+    config.tasks.update(source="make_file", seed=0, validate=True)
     config.rollout.update(
         mode="sync", max_off_policy_steps=1, lookahead=1,
         harnesses="reference_bash",  # "name:weight,..." e.g. "reference_bash:1,claude_code:1"

@@ -127,7 +127,7 @@ def rl_config(target: str, *, rollout_backend: str) -> ml_collections.ConfigDict
     config.rl.update(estimator="grpo", clip_low=0.2, clip_high=0.28, is_correction="tis", is_cap=2.0,
                      kl_coef=0.0, kl_estimator="k3", ref_checkpoint="",  # ref "": the init_checkpoint params
                      filter_groups=True)
-    config.tasks.update(source="dir", train_dir="", eval_dir="")
+    config.tasks.update(source="dir", train_dir="", eval_dir="", validate=True)
     config.rollout.update(mode="async", max_off_policy_steps=1, lookahead=1, harnesses="claude_code:1,openclaw:1",
                           groups_per_step=16, group_size=8, backend=rollout_backend, concurrency=128,
                           timeout_s=1800, max_turns=50, sandbox_cpus=2.0, sandbox_memory_mb=4096,

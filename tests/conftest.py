@@ -87,7 +87,8 @@ def step_batch():
 
 PARITY_CHECK = """import json, os
 p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
-print(1.0 if len(p["final_message"]) % 2 == 0 else 0.0)
+m = p["final_message"]
+print(1.0 if m and len(m) % 2 == 0 else 0.0)  # saying nothing pays nothing (task validation checks that)
 """
 
 

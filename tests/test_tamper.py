@@ -109,3 +109,21 @@ def _task(root, name, check):
 def test_validation_needs_the_untouched_workspace_to_grade_cleanly_below_one(tmp_path, check, ok, untouched):
     v = asyncio.run(validate_task(get_backend("bwrap"), _task(tmp_path, "t", "set -e\n" + check)))
     assert v.ok is ok and v.untouched_reward == untouched and not v.has_solution, v
+
+
+def test_a_task_source_is_validated_when_it_loads_and_cached(tmp_path):
+    """keep_valid (config.tasks.validate, on in the demo and the Qwen3 configs) leaves out the tasks whose checker
+    errs on, or pays for, the untouched workspace, and grades each task content once."""
+    from harness_env.tasks.validate import keep_valid
+
+    good = _task(tmp_path, "good", '[ "$(cat out.txt 2>/dev/null)" = 6 ] && echo 1.0 || echo 0.0')
+    errs = _task(tmp_path, "errs", "set -e\ncat out.txt > /dev/null\necho 0.0")
+    pays = _task(tmp_path, "pays", "echo 1.0")
+    backend, cache = get_backend("bwrap"), tmp_path / "cache"
+    kept, dropped = asyncio.run(keep_valid(backend, [good, errs, pays], cache=cache))
+    assert kept == [good] and set(dropped) == {"errs", "pays"}, dropped
+    assert "errs on the untouched workspace" in dropped["errs"] and "scores 1.0" in dropped["pays"]
+    assert len(list(cache.iterdir())) == 3
+    (pays / "reward" / "reward.sh").write_text("echo 0.0\n")  # a changed task is graded again
+    kept, _ = asyncio.run(keep_valid(backend, [good, errs, pays], cache=cache))
+    assert kept == [good, pays] and len(list(cache.iterdir())) == 4

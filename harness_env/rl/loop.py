@@ -88,6 +88,25 @@ class Loop:
             await (self.rl_async() if self.run.rollout.mode == "async" else self.rl_sync())
         self.state.finish(self.learner.state)
 
+    async def _validate_tasks(self) -> None:
+        """Leaves out the tasks whose untouched workspace errs or scores 1.0 (harness_env/tasks/validate.py);
+        what was left out, and why, goes to workdir/task_validation.json and the log."""
+        from harness_env.sandbox import get_backend
+        from harness_env.tasks.validate import keep_valid
+
+        backend = get_backend(self.run.rollout.backend)
+        report = {}
+        for split in ("train", "eval"):
+            dirs = getattr(self, f"{split}_tasks")
+            kept, dropped = await keep_valid(backend, dirs, concurrency=self.run.rollout.concurrency)
+            if not kept:
+                raise ValueError(f"task validation left no {split} task of {len(dirs)}: "
+                                 f"e.g. {list(dropped.items())[:2]}")
+            setattr(self, f"{split}_tasks", kept)
+            report[split] = {"tasks": len(dirs), "kept": len(kept), "dropped": dropped}
+            logging.info("task validation (%s): kept %d of %d tasks", split, len(kept), len(dirs))
+        (self.workdir / "task_validation.json").write_text(json.dumps(report, indent=1))
+
     async def run_loop(self) -> dict:
         from research.serving.factory import policy_engine
 
@@ -98,6 +117,8 @@ class Loop:
                                               sampling={"temperature": 0.0})
         self.train_tasks = R.task_dirs(self.run.tasks, self.workdir, "train")
         self.eval_tasks = R.task_dirs(self.run.tasks, self.workdir, "heldout")
+        if self.run.tasks.validate:
+            await self._validate_tasks()
         t0 = time.monotonic()
         try:
             await self._phases()

@@ -12,6 +12,7 @@ that recomputes its expected answer from the inputs pays an agent that empties t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import pathlib
@@ -150,3 +151,50 @@ async def probe_task(backend: Backend, root: str | pathlib.Path, *, timeout: flo
     out["clean"] = out["untouched"] is not None and out["untouched"] < 1.0
     out["grade_s"] = round(time.monotonic() - t0, 3)
     return out
+
+
+def _content_key(root: pathlib.Path) -> str:
+    """sha256 over the task folder's files (paths and bytes): a validation is reused only for the same task."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "harness-rl" / "validated"
+
+
+async def keep_valid(backend: Backend, dirs: list[pathlib.Path], *, concurrency: int = 4,
+                     cache: pathlib.Path | None = None) -> tuple[list[pathlib.Path], dict[str, str]]:
+    """(the tasks whose untouched workspace grades without error below 1.0, {dropped task: why}): what a task
+    source is checked for when it loads (`config.tasks.validate`), so every later reward_error can be put on
+    the policy (harness_env/attribution.py) and no task pays for doing nothing. Results are cached by the task's
+    content (`cache`, default ~/.cache/harness-rl/validated), so a task set is graded once per machine."""
+    import json
+
+    cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(d: pathlib.Path) -> dict:
+        f = cache / f"{await asyncio.to_thread(_content_key, d)}.json"
+        if f.exists():
+            return json.loads(f.read_text())
+        async with sem:
+            row = await probe_task(backend, d, emptied=False)
+        f.write_text(json.dumps(row))
+        return row
+
+    rows = await asyncio.gather(*(one(d) for d in dirs))
+    kept, dropped = [], {}
+    for d, row in zip(dirs, rows):
+        if row["clean"]:
+            kept.append(d)
+        else:
+            dropped[d.name] = (f"the untouched workspace scores {row['untouched']}" if row["untouched"] is not None
+                               else f"the checker errs on the untouched workspace: {row['untouched_error'][-160:]}")
+    return kept, dropped

@@ -114,6 +114,9 @@ class TasksConfig:
     exclude_flags: tuple[str, ...] = ()  # leave out tasks whose checker raises these (harness_env/tasks/audit.py)
     # which input changes are tampering where a task declares no `editable_inputs` (harness_env/tamper.py)
     undeclared_inputs: str = "destructive"
+    # grade every task's untouched workspace when the source loads and leave out those whose checker errs there
+    # or pays for doing nothing (harness_env/tasks/validate.py `keep_valid`; cached per task content)
+    validate: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
