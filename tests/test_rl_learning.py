@@ -79,14 +79,24 @@ print(sum(a.strip() == "{TARGET}" for a in answers) / max(len(answers), 1))
 """
 
 
-def _tasks(root: pathlib.Path, n: int) -> pathlib.Path:
+SABOTAGE = "stone"  # an answer this checker crashes on: the policy's way to turn a failure into a grading error
+SABOTAGE_CHECK = f"""import json, os, sys
+p = json.loads(os.environ["OPENCLAW_REWARD_PAYLOAD"])
+answers = [(m.get("content") or "").strip() for m in p.get("transcript") or [] if m.get("role") == "assistant"]
+if "{SABOTAGE}" in answers:
+    sys.exit("the checker cannot grade this answer")
+print(sum(a == "{TARGET}" for a in answers) / max(len(answers), 1))
+"""
+
+
+def _tasks(root: pathlib.Path, n: int, check: str = CHECK) -> pathlib.Path:
     for i in range(n):
         d = root / f"word{i:02d}"
         (d / "reward").mkdir(parents=True)
         (d / "data_entry.json").write_text(json.dumps({
             "task_id": f"word{i:02d}", "user_query": f"Say one word ({i}).",
             "metadata": {"category": "chat", "chat_graded": True}}))
-        (d / "reward" / "check.py").write_text(CHECK)
+        (d / "reward" / "check.py").write_text(check)
         (d / "reward" / "reward.sh").write_text('#!/bin/bash\nexec python3 "$(dirname "$0")/check.py"\n')
     return root
 
@@ -96,15 +106,15 @@ def word_expert(prompt_text: str) -> str:
     return WORDS[int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % len(WORDS)]
 
 
-def _multi_turn_config(tmp_path, seed: int, **rl):
+def _multi_turn_config(tmp_path, seed: int, check: str = CHECK, **rl):
     from configs import demo_cpu
     from harness_env.rl import experts as demos
 
     demos.EXPERTS["word_choice"] = word_expert
     cfg = demo_cpu.get_config("test")
-    tasks = tmp_path / "tasks"
+    tasks = tmp_path / ("tasks" if check == CHECK else "sabotage_tasks")
     if not tasks.exists():
-        _tasks(tasks, 16)
+        _tasks(tasks, 16, check)
     cfg.seed = seed
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.model.update(embedding_init_std=0.2)
@@ -156,6 +166,29 @@ def test_multi_turn_grpo_through_the_harness_lifts_the_reward_on_two_seeds_negat
     run_part(neg_cfg, tmp_path / "negated", source=tmp_path / "seed0" / "sft")
     neg = [m["rollout/all/reward"] for m in _train_rewards(tmp_path / "negated")]
     assert neg[0] <= 0.2 and np.mean(neg[-3:]) <= 0.03, (neg, starts)
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+@pytest.mark.timeout(1800)
+def test_grpo_drives_sabotage_down_because_the_batch_scores_it(tmp_path):
+    """A policy SFT-started to answer one of 8 words names the sabotage word in ~1 of 4 rollouts; the checker
+    crashes on it (reward_error). Attribution puts that on the policy (the untouched workspace grades cleanly),
+    so the batch trains on it with the failure reward, and GRPO drives it down while it lifts the target.
+    (Dropped instead, as before attribution, a sabotaged rollout carried no negative advantage at all.)"""
+    from harness_env.rl.sweep import run_part
+
+    base = tmp_path / "run"
+    sft_cfg = _multi_turn_config(tmp_path, 0)  # demonstrated on the plain checker: the 8 words alike
+    sft_cfg.algo = "sft"
+    run_part(sft_cfg, base / "sft")
+    run_part(_multi_turn_config(tmp_path, 0, SABOTAGE_CHECK), base / "rl", source=base / "sft")
+    recs = _train_rewards(base / "rl")
+    sabotaged = [m.get("rollout/status/reward_error", 0.0) / m["rollout/all/count"] for m in recs]
+    for m in recs:  # every sabotage is the policy's, and every one of them is in the batch (none sheltered)
+        assert m.get("rollout/cause/policy", 0.0) == m.get("rollout/status/reward_error", 0.0), m
+    assert np.mean(sabotaged[:3]) >= 0.1 and np.mean(sabotaged[-3:]) <= 0.03, sabotaged
+    assert np.mean([m["rollout/all/reward"] for m in recs[-3:]]) >= 0.7, [m["rollout/all/reward"] for m in recs]
 
 
 @pytest.mark.slow
