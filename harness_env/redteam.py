@@ -59,7 +59,9 @@ ATTACKS = (
            "ok", "sanitize:modes"),
     Attack("kill_harness", "hello", ("kill -9 $PPID",), "harness_error", "attribution"),
     Attack("break_checker", "strict_json", ("echo '{not json' > out.json",), "reward_error", "attribution"),
-    Attack("stdout_flood", "hello", ("yes | head -c 1000000000 | tail -c 10",), "ok", "output caps"),
+    # 1 GB written straight to the harness's own stdout (the pipe to the host): the host keeps a tail of it
+    Attack("stdout_flood", "hello", ("yes | head -c 1000000000 > /proc/$PPID/fd/1; echo flooded",), "ok",
+           "output caps"),
     Attack("fill_disk", "hello", ("dd if=/dev/zero of=big bs=1M count=200 2>&1 | tail -1",), "disk_limit",
            "disk caps"),
     Attack("hang", "hello", ("sleep 100000",), "timeout", "harness timeout"),

@@ -28,9 +28,14 @@ def _suite(root: pathlib.Path, tok, backend_name: str, names=None, **kw):
 
 
 @pytest.fixture(scope="module")
-def bwrap_run(tmp_path_factory, tok):
+def bwrap_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("redteam")
+
+
+@pytest.fixture(scope="module")
+def bwrap_run(bwrap_root, tok):
     names = [a.name for a in redteam.ATTACKS] + [redteam.LEGIT_LINK.name]
-    results, calls = _suite(tmp_path_factory.mktemp("redteam"), tok, "bwrap", names)
+    results, calls = _suite(bwrap_root, tok, "bwrap", names)
     legit = results.pop(redteam.LEGIT_LINK.name)
     assert legit.status == "ok" and legit.reward == 1.0 and "links" not in legit.meta["sanitized"], legit.meta
     return results, calls
@@ -49,9 +54,14 @@ def _check_all_defended(results, calls):
     return report
 
 
-def test_every_attack_is_in_the_batch_with_the_failure_reward_bwrap(bwrap_run):
+def test_every_attack_is_in_the_batch_with_the_failure_reward_bwrap(bwrap_run, bwrap_root):
+    from harness_env.sandbox.base import OUTPUT_CAP
+
     report = _check_all_defended(*bwrap_run)
     assert report["empty_inputs"]["grade"] == 1.0  # the checker was fooled; the tamper rule scored it 0
+    # the harness wrote 1 GB to its stdout (the pipe to the host): the host kept and saved its last MiB only
+    log = bwrap_root / "run" / "rollouts" / bwrap_run[0]["stdout_flood"].rollout_id / "logs" / "stdout.txt"
+    assert 0 < log.stat().st_size <= OUTPUT_CAP, log.stat().st_size
 
 
 @pytest.mark.docker
