@@ -276,7 +276,7 @@ def check_context(harnesses: list[str], max_len: int) -> None:
 
 BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw", "browser_use")
 # Modules of this package that are infrastructure, not adapters.
-_NOT_ADAPTERS = {"base", "install", "local", "mock_endpoint", "scripted", "reference_agent"}
+_NOT_ADAPTERS = {"base", "install", "local", "mock_endpoint", "scripted", "reference_agent", "verify"}
 
 
 def _load_builtin() -> None:
