@@ -164,7 +164,11 @@ def test_audit_flags_checkers_by_their_syntax_and_selection_can_exclude_them(tmp
     (words / "env").mkdir()
     assert flags_of(words) == {}  # a web task's checker reads the app's state, never a workspace file
     (words / "env").rmdir()
-    assert audit(discover(LIBRARY))["any"] == 0  # the project's own tasks carry no flag
+    from harness_env.tasks import web_family
+
+    own_sets = (discover(LIBRARY), family.generate(tmp_path / "fam", "all"), web_family.generate(tmp_path / "w", "all"))
+    for own in own_sets:
+        assert audit(own)["any"] == 0  # the project's own tasks carry no flag
     guarded_dir = guarded.parent.parent / "guarded"
     guarded.rename(guarded_dir)
     r = audit([runs, reads, words, shell])
