@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import pathlib
 import re
@@ -285,8 +286,10 @@ class Runner:
         try:
             try:
                 await harness.prepare(home, ctx)
+                inv = await asyncio.to_thread(harness.invocation, home, task.user_query, ctx)
             except (HarnessError, OSError) as e:
                 return RolloutResult(**base, status="harness_error", message=f"prepare: {e}")
+            await asyncio.to_thread(_write_json, self._rollout_dir(spec) / "logs" / "invocation.json", inv)
             if web:
                 app = await self._start_app(spec, task, caps[2].path, timings)
             t = time.monotonic()
@@ -467,6 +470,11 @@ def _browser_summary(rdir: pathlib.Path) -> dict:
     from harness_env.web import browser
 
     return browser.summarize_steps(rdir / "logs")
+
+
+def _write_json(path: pathlib.Path, obj) -> None:  # noqa: ANN001
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1))
 
 
 def _clear(rdir: pathlib.Path) -> None:

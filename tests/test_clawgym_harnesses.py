@@ -3,6 +3,8 @@ tasks as shipped, in bwrap, through the shim with a scripted engine that speaks 
 (issue 11, part 1): on task_0185 it runs a script that solves the task with relative paths (so it only works
 if the harness started in /root/.openclaw/workspace) -> reward 1.0; on task_0000 it does nothing -> 0.0.
 Prints each rollout's timings (the README's per-harness table comes from these runs)."""
+import json
+
 import pytest
 from rollout_kit import (
     DO_NOTHING,
@@ -16,6 +18,7 @@ from rollout_kit import (
     run_rollouts,
 )
 
+from harness_env.harnesses import get_harness
 from harness_env.runner import RolloutSpec
 from harness_env.sandbox import Limits, get_backend
 
@@ -50,4 +53,11 @@ def test_real_cli_solves_one_real_task_and_idles_on_another(name, tmp_path, qwen
         assert r.meta["workspace_dir"] == WS
     assert by["task_0185"].reward == 1.0, logs_of(tmp_path, by["task_0185"].rollout_id)
     assert by[IDLE_TASK].reward == 0.0
+    # the record of how the unmodified CLI was configured: its package, documented flags, env, config files
+    inv = json.loads((tmp_path / "run" / "rollouts" / by["task_0185"].rollout_id / "logs" / "invocation.json")
+                     .read_text())
+    assert inv["harness"] == name and inv["package"] == get_harness(name).package.spec
+    assert inv["argv"][0].endswith(get_harness(name).package.bin.rsplit("/", 1)[-1])
+    assert name != "codex" or "model_provider" in inv["config_files"][".codex/config.toml"]
+    assert "<redacted>" in json.dumps(inv["env"])
     assert {c.rollout_id for c in calls} == {r.rollout_id for r in results} and {c.harness for c in calls} == {name}

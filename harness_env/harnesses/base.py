@@ -207,6 +207,25 @@ class Harness(abc.ABC):
     def argv(self, prompt: str, ctx: SessionContext) -> list[str]:
         """The headless command line (run with cwd = ctx.workspace, stdin = /dev/null)."""
 
+    def invocation(self, host_home: pathlib.Path, prompt: str, ctx: SessionContext) -> dict[str, Any]:
+        """How this run configured the CLI, for the record (logs/invocation.json): the package it ran, its
+        documented flags (argv), its environment (credentials redacted) and every config file `prepare` wrote
+        into HOME (content up to 64 KiB, else a sha256). Nothing else configures it: the installed files are the
+        registry's (harness_env/harnesses/verify.py)."""
+        import hashlib
+
+        env = {k: ("<redacted>" if any(w in k.upper() for w in ("KEY", "TOKEN", "SECRET")) else v)
+               for k, v in self.env(ctx).items()}
+        files = {}
+        for f in sorted(host_home.rglob("*")):
+            if f.is_file() and not f.is_symlink():
+                data = f.read_bytes()
+                rel = str(f.relative_to(host_home))
+                files[rel] = data.decode(errors="replace") if len(data) <= 1 << 16 else \
+                    f"<{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}>"
+        return {"harness": self.name, "package": self.package.spec if self.package else None,
+                "argv": self.argv(prompt, ctx), "env": env, "config_files": files}
+
     # ---- results ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def parse_output(self, result: ExecResultLike) -> HarnessOutcome:

@@ -1,13 +1,20 @@
 """Sabotage experiment: same SFT checkpoint, GRPO with attribution scoring vs with the policy's failures dropped."""
-import json, pathlib, sys
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/tests")
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, "/work/main")
+sys.path.insert(0, "/work/main/tests")
 import test_rl_learning as T
+
 from harness_env.rl.sweep import run_part
 from research.rl.metrics import read_metrics
+
 tmp = pathlib.Path("/work/scratch/sabexp/w")
 seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 base = tmp / f"seed{seed}"
-sft = T._multi_turn_config(tmp, seed); sft.algo = "sft"
+sft = T._multi_turn_config(tmp, seed)
+sft.algo = "sft"
 run_part(sft, base / "sft")
 out = {}
 for name, causes in (("scored", ("policy",)), ("dropped", ())):
