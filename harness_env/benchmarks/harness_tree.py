@@ -75,7 +75,8 @@ async def _group(tok, name: str, backend, root: pathlib.Path, group: int) -> dic
     calls = [c for c in read_log(root / "capture.jsonl") if isinstance(c, CallRecord)]
     tree = build_tree(calls, results)
     flat = sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls)
-    first = min((c for c in calls if c.call_index == 0), key=lambda c: len(c.prompt_ids))
+    # the agent's first request (a harness's side sessions, e.g. opencode's title call, are shorter)
+    first = max((c for c in calls if c.call_index == 0), key=lambda c: len(c.prompt_ids))
     return {"first_prompt": len(first.prompt_ids), "calls": round(len(calls) / group, 2), "flat_tokens": flat,
             "tree_tokens": tree.num_nodes, "tree_vs_flat": round(flat / tree.num_nodes, 2),
             "reward": min(r.reward for r in results)}
