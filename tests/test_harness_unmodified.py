@@ -17,6 +17,7 @@ pytestmark = pytest.mark.harness
 CLIS = ("claude_code", "codex", "opencode", "openclaw")
 
 
+@pytest.mark.timeout(1200)  # a fresh machine downloads the registry's tarballs once (~430 MB in all)
 @pytest.mark.parametrize("name", CLIS)
 def test_the_installed_cli_is_the_registrys(name):
     pkg = get_harness(name).package
