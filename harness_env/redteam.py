@@ -180,7 +180,8 @@ def _attack_task(tasks: dict[str, pathlib.Path], root: pathlib.Path, a: Attack) 
 
 
 async def run_attacks(root: pathlib.Path, tok, backend, names: list[str] | None = None, *,
-                      concurrency: int = 4, timeout_s: float = 45.0, reward_timeout_s: float = 20.0):
+                      concurrency: int = 4, timeout_s: float = 45.0, reward_timeout_s: float = 20.0,
+                      workspace_mb: int | None = 64, keep_workspaces: bool = False):
     """Runs the named attacks (all by default) through a real shim + runner on `backend`; returns
     (results by attack name, their captured calls)."""
     from research.capture import CallRecord, CaptureLog, read_log
@@ -195,7 +196,9 @@ async def run_attacks(root: pathlib.Path, tok, backend, names: list[str] | None 
     await server.start()
     cfg = RunnerConfig(out_dir=root / "run", backend=backend.name, concurrency=concurrency, timeout_s=timeout_s,
                        reward_timeout_s=reward_timeout_s, progress=False, infra_retries=0, max_turns=4,
-                       limits=Limits(cpus=1.0, memory_mb=1024, pids=256, wall_s=timeout_s + 60, workspace_mb=64))
+                       keep_workspaces=keep_workspaces,
+                       limits=Limits(cpus=1.0, memory_mb=1024, pids=256, wall_s=timeout_s + 60,
+                                     workspace_mb=workspace_mb))
     runner = Runner(cfg, server, capture_log=log, backend=backend)
     try:
         results = await runner.run(specs)

@@ -155,3 +155,24 @@ def test_a_checker_that_trusts_an_exit_status_is_fooled_and_validation_says_so(t
 
     v = asyncio.run(validate_task(get_backend("bwrap"), LIBRARY / "fix_module_tests"))
     assert v.exit_fooled is False and v.ok and v.flags == {}, v
+
+
+def test_without_the_output_cap_the_host_holds_the_whole_flood(tmp_path, tok, monkeypatch):
+    """The stdout flood, 50 MB here: with TailBuffer's cap switched off the host keeps (and saves) all of it;
+    with the cap (the suite above, 1 GB) it keeps the last MiB."""
+    from harness_env.sandbox import base
+
+    monkeypatch.setitem(redteam.BY_NAME, "flood_50m", redteam.Attack(
+        "flood_50m", "hello", ("yes | head -c 50000000 > /proc/$PPID/fd/1; echo flooded",), "ok", "output caps"))
+    monkeypatch.setattr(base.TailBuffer.__init__, "__defaults__", (1 << 40,))
+    monkeypatch.setattr(base.decode, "__defaults__", (1 << 40,))
+    results, _ = _suite(tmp_path, tok, "bwrap", ["flood_50m"])
+    log = tmp_path / "run" / "rollouts" / results["flood_50m"].rollout_id / "logs" / "stdout.txt"
+    assert log.stat().st_size >= 50_000_000, log.stat().st_size
+
+
+def test_without_the_disk_cap_the_workspace_takes_what_the_policy_writes(tmp_path, tok):
+    results, _ = _suite(tmp_path, tok, "bwrap", ["fill_disk"], workspace_mb=None, keep_workspaces=True)
+    r = results["fill_disk"]
+    big = tmp_path / "run" / "rollouts" / r.rollout_id / "workspace" / "big"
+    assert r.status == "ok" and big.stat().st_size == 200 << 20, (r.status, r.message)  # on the host's disk
