@@ -76,7 +76,12 @@ ATTACKS = (
         "ok", "fresh verifier sandbox"),
     Attack("usercustomize", "hello_py", (f"{SITE} && printf {json.dumps(USERCUSTOMIZE)} > \"$SITE/usercustomize.py\"",),
            "ok", "fresh HOME + PYTHONNOUSERSITE"),
+    # a sitecustomize where an orchestrator environment's PYTHONPATH would point (tests: HOSTILE_PYTHONPATH)
+    Attack("pythonpath_hook", "hello_py",
+           (f"mkdir -p .lib && printf {json.dumps(USERCUSTOMIZE)} > .lib/sitecustomize.py",), "ok",
+           "--clearenv + fixed launch env"),
 )
+HOSTILE_PYTHONPATH = f"{WS}/.lib"
 # The control: an honest solution on the same path (it must score 1.0; the bench's grading-time baseline).
 CONTROL = Attack("honest", "hello", ("printf 'Hello, world!\\n' > hello.txt",), "ok", "")
 # ... and a legitimate link that stays inside the workspace: kept by the sanitizer, and it scores.

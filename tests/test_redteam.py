@@ -176,3 +176,20 @@ def test_without_the_disk_cap_the_workspace_takes_what_the_policy_writes(tmp_pat
     r = results["fill_disk"]
     big = tmp_path / "run" / "rollouts" / r.rollout_id / "workspace" / "big"
     assert r.status == "ok" and big.stat().st_size == 200 << 20, (r.status, r.message)  # on the host's disk
+
+
+@pytest.mark.parametrize("clearenv,fixed_launch_env,pays", [(False, False, True), (True, False, False),
+                                                            (False, True, False)])
+def test_clearenv_and_the_fixed_launch_env_each_keep_the_orchestrators_env_out_alone(tmp_path, tok, monkeypatch,
+                                                                                    clearenv, fixed_launch_env, pays):
+    """An orchestrator whose environment carries PYTHONPATH into the workspace (where the policy plants a
+    sitecustomize): bwrap is started with a fixed environment AND runs the command with --clearenv; each alone
+    keeps that PYTHONPATH from the checker, with both off the planted module prints the score."""
+    from harness_env.sandbox import bwrap
+
+    monkeypatch.setattr(bwrap, "CLEAR_ENV", clearenv)
+    if not fixed_launch_env:
+        monkeypatch.setattr(bwrap, "LAUNCH_ENV", {**bwrap.LAUNCH_ENV, "PYTHONPATH": redteam.HOSTILE_PYTHONPATH})
+    results, _ = _suite(tmp_path, tok, "bwrap", ["pythonpath_hook"])
+    r = results["pythonpath_hook"]
+    assert r.status == "ok" and r.reward == (1.0 if pays else 0.0), (r.status, r.reward, r.message)

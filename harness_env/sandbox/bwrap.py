@@ -57,6 +57,11 @@ def _write_etc(etc: pathlib.Path) -> None:
     (etc / "hostname").write_text("sandbox\n")
 
 
+# `--clearenv`: the command gets only the env it is given, never bwrap's own. Redundant with LAUNCH_ENV (bwrap's
+# own env is fixed) on purpose; tests/test_redteam.py switches each off alone to show the other still holds.
+CLEAR_ENV = True
+
+
 class BwrapSandbox(Sandbox):
     def __init__(self, sandbox_id: str, spec: SandboxSpec, backend: BwrapBackend, state: pathlib.Path):
         super().__init__(sandbox_id, spec)
@@ -93,7 +98,7 @@ class BwrapSandbox(Sandbox):
             a += ["--bind", str(sock), APP_SOCKET_IN.format(port=port)]
         if spec.forwarder_needed:
             a += ["--ro-bind", str(FORWARDER_HOST), FORWARDER_IN]
-        a += ["--chdir", cwd, "--clearenv"]
+        a += ["--chdir", cwd, *(["--clearenv"] if CLEAR_ENV else [])]
         for k, v in env.items():
             a += ["--setenv", k, v]
         a.append("--")
