@@ -59,5 +59,5 @@ def test_real_cli_solves_one_real_task_and_idles_on_another(name, tmp_path, qwen
     assert inv["harness"] == name and inv["package"] == get_harness(name).package.spec
     assert inv["argv"][0].endswith(get_harness(name).package.bin.rsplit("/", 1)[-1])
     assert name != "codex" or "model_provider" in inv["config_files"][".codex/config.toml"]
-    assert "<redacted>" in json.dumps(inv["env"])
+    assert "<redacted>" in json.dumps(inv)  # the session's key: in the env (claude, codex) or a config file
     assert {c.rollout_id for c in calls} == {r.rollout_id for r in results} and {c.harness for c in calls} == {name}

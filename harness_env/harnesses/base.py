@@ -209,22 +209,24 @@ class Harness(abc.ABC):
 
     def invocation(self, host_home: pathlib.Path, prompt: str, ctx: SessionContext) -> dict[str, Any]:
         """How this run configured the CLI, for the record (logs/invocation.json): the package it ran, its
-        documented flags (argv), its environment (credentials redacted) and every config file `prepare` wrote
-        into HOME (content up to 64 KiB, else a sha256). Nothing else configures it: the installed files are the
-        registry's (harness_env/harnesses/verify.py)."""
+        documented flags (argv), its environment and every config file `prepare` wrote into HOME (content up to
+        64 KiB, else a sha256), the session's key redacted everywhere. Nothing else configures it: the installed
+        files are the registry's (harness_env/harnesses/verify.py)."""
         import hashlib
 
-        env = {k: ("<redacted>" if any(w in k.upper() for w in ("KEY", "TOKEN", "SECRET")) else v)
+        def clean(text: str) -> str:
+            return text.replace(ctx.api_key, "<redacted>") if ctx.api_key else text
+
+        env = {k: "<redacted>" if any(w in k.upper() for w in ("KEY", "TOKEN", "SECRET")) else clean(v)
                for k, v in self.env(ctx).items()}
         files = {}
         for f in sorted(host_home.rglob("*")):
             if f.is_file() and not f.is_symlink():
                 data = f.read_bytes()
-                rel = str(f.relative_to(host_home))
-                files[rel] = data.decode(errors="replace") if len(data) <= 1 << 16 else \
-                    f"<{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}>"
+                files[str(f.relative_to(host_home))] = clean(data.decode(errors="replace")) if len(data) <= 1 << 16 \
+                    else f"<{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}>"
         return {"harness": self.name, "package": self.package.spec if self.package else None,
-                "argv": self.argv(prompt, ctx), "env": env, "config_files": files}
+                "argv": [clean(a) for a in self.argv(prompt, ctx)], "env": env, "config_files": files}
 
     # ---- results ---------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -293,7 +293,9 @@ class DockerBackend(Backend):
     def _reap_sync(self) -> int:
         n = disk.reap_orphans()  # the capped workspace/HOME mounts of dead orchestrators
         host = socket.gethostname()
-        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+        # ignore_removed: a container another process removes between the listing and its inspection (parallel
+        # runners, the verifier of a finished rollout) is simply gone, not an error
+        for c in self.client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
             labels = c.labels or {}
             try:
                 owner = json.loads(labels.get(f"{LABEL}.owner", "{}"))
