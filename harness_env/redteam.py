@@ -19,15 +19,13 @@ Used by tests/test_redteam.py (every attack on bwrap and docker; each defence sw
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import pathlib
 import shutil
 
-from harness_env.harnesses.base import get_harness
-from harness_env.harnesses.scripted import scripted_reply
-from harness_env.runner import RolloutSpec, Runner, RunnerConfig
+from harness_env.harnesses.scripted import per_task_policy
+from harness_env.runner import RolloutSpec, RunnerConfig, run_through_shim
 from harness_env.sandbox import Limits
 from harness_env.tasks import LIBRARY
 
@@ -159,18 +157,9 @@ def build_tasks(root: pathlib.Path) -> dict[str, pathlib.Path]:
     return out
 
 
-def policy(attacks: list[Attack], decode):
+def policy(attacks: list[Attack], decode):  # noqa: ANN001, ANN201
     """A replay-engine script: the attack named in the prompt (its query carries `(attack: NAME)`)."""
-    harness = get_harness("reference")
-
-    def reply(req) -> str:  # noqa: ANN001
-        text = decode(list(req.prompt_ids))
-        for a in attacks:
-            if f"(attack: {a.name})" in text:
-                return scripted_reply(harness, list(a.commands), "Done.", text)
-        return "No attack found."
-
-    return reply
+    return per_task_policy("reference", {f"(attack: {a.name})": (a.commands, "Done.") for a in attacks}, decode)
 
 
 def _attack_task(tasks: dict[str, pathlib.Path], root: pathlib.Path, a: Attack) -> pathlib.Path:
@@ -189,29 +178,18 @@ async def run_attacks(root: pathlib.Path, tok, backend, names: list[str] | None 
                       workspace_mb: int | None = 64, keep_workspaces: bool = False):
     """Runs the named attacks (all by default) through a real shim + runner on `backend`; returns
     (results by attack name, their captured calls)."""
-    from research.capture import CallRecord, CaptureLog, read_log
     from research.serving.replay import ReplayEngine
-    from research.shim.server import ShimServer
 
     attacks = [BY_NAME[n] for n in (names or [a.name for a in ATTACKS])]
     tasks = build_tasks(root / "tasks")
     specs = [RolloutSpec(_attack_task(tasks, root, a), "reference", 0) for a in attacks]
-    log = CaptureLog(root / "capture.jsonl", fsync=False)
-    server = ShimServer(ReplayEngine(policy(attacks, tok.decode), tok), tok, log, unix_socket=str(root / "s.sock"))
-    await server.start()
     cfg = RunnerConfig(out_dir=root / "run", backend=backend.name, concurrency=concurrency, timeout_s=timeout_s,
                        reward_timeout_s=reward_timeout_s, progress=False, infra_retries=0, max_turns=4,
                        keep_workspaces=keep_workspaces,
                        limits=Limits(cpus=1.0, memory_mb=1024, pids=256, wall_s=timeout_s + 60,
                                      workspace_mb=workspace_mb))
-    runner = Runner(cfg, server, capture_log=log, backend=backend)
-    try:
-        results = await runner.run(specs)
-    finally:
-        runner.close()
-        await server.stop()
-        log.close()
-    calls = [c for c in read_log(root / "capture.jsonl") if isinstance(c, CallRecord)]
+    results, calls = await run_through_shim(root, ReplayEngine(policy(attacks, tok.decode), tok), tok, specs, cfg,
+                                            backend=backend)
     return {r.rollout_id.split(".")[0]: r for r in results}, calls
 
 
@@ -237,7 +215,3 @@ def assess(results: dict, calls: list, *, scored_causes=("policy",), tamper_rewa
                      "reward_s": (r.timings or {}).get("reward_s", 0.0), "message": r.message[-200:]}
     return out
 
-
-def run_suite(root: pathlib.Path, tok, backend, names: list[str] | None = None, **kw) -> dict[str, dict]:
-    results, calls = asyncio.run(run_attacks(root, tok, backend, names, **kw))
-    return assess(results, calls)

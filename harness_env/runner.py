@@ -429,6 +429,28 @@ class Runner:
         return RolloutResult(**base, status="ok", reward=reward, sub_scores=subs)
 
 
+async def run_through_shim(root: pathlib.Path, engine, tok, specs: Sequence[RolloutSpec], cfg: RunnerConfig,  # noqa: ANN001
+                           *, backend=None, shim_options=None) -> tuple[list[RolloutResult], list]:  # noqa: ANN001
+    """One runner call through a real shim (its own Unix socket under `root`) into `engine`, capturing to
+    root/capture.jsonl; returns (results, captured CallRecords). The path of tests, benches and the red-team
+    suite: everything the RL loop's rollouts go through, with any engine (e.g. a scripted ReplayEngine)."""
+    from research.capture import CallRecord, CaptureLog, read_log
+    from research.shim.server import ShimServer
+
+    root.mkdir(parents=True, exist_ok=True)
+    log = CaptureLog(root / "capture.jsonl", fsync=False)
+    server = ShimServer(engine, tok, log, unix_socket=str(root / "shim.sock"), options=shim_options)
+    await server.start()
+    runner = Runner(cfg, server, capture_log=log, backend=backend)
+    try:
+        results = await runner.run(list(specs))
+    finally:
+        runner.close()
+        await server.stop()
+        log.close()
+    return results, [c for c in read_log(root / "capture.jsonl") if isinstance(c, CallRecord)]
+
+
 async def _over(caps: list[disk.DiskCap]) -> bool:
     """Any cap exceeded? (tmpfs: one statvfs, inline; watch: a tree walk, off the event loop)"""
     for c in caps:

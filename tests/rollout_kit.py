@@ -9,11 +9,11 @@ import stat
 
 import pytest
 
-from harness_env.harnesses.base import Harness, HarnessOutcome, get_harness
-from harness_env.harnesses.scripted import scripted_reply
-from harness_env.runner import RolloutSpec, Runner, RunnerConfig
+from harness_env.harnesses.base import Harness, HarnessOutcome
+from harness_env.harnesses.scripted import per_task_policy  # noqa: F401 - the tests import it from here
+from harness_env.runner import RolloutSpec, RunnerConfig, run_through_shim
 from harness_env.sandbox import Limits
-from research.capture import CallRecord, CaptureLog, RolloutResult, read_log
+from research.capture import CallRecord, RolloutResult
 
 # $HARNESS_RL_CLAWGYM, else ../shared beside the clone (this repo's CI layout), else this workplace's /work/shared
 _CLAWGYM_CANDIDATES = [pathlib.Path(p) for p in (os.environ.get("HARNESS_RL_CLAWGYM", ""),) if p] + [
@@ -74,21 +74,6 @@ def query_marker(task_dir: pathlib.Path) -> str:
     return json.loads((task_dir / "data_entry.json").read_text())["user_query"][:80]
 
 
-def per_task_policy(harness_name: str, plans: dict[str, tuple[list[str], str]], decode):
-    """A ReplayEngine script: for the task whose query marker is in the prompt, run its commands with this
-    harness's own shell tool, then answer its final message."""
-    harness = get_harness(harness_name)
-
-    def reply(req) -> str:  # noqa: ANN001
-        text = decode(list(req.prompt_ids))
-        for marker, (commands, final) in plans.items():
-            if marker in text:
-                return scripted_reply(harness, commands, final, text)
-        return "No task found."
-
-    return reply
-
-
 def writable_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
     """A copy of a (read-only, shared) task folder that tests may extend and pytest may delete."""
     shutil.copytree(src, dst, symlinks=True)
@@ -103,29 +88,13 @@ def writable_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
 def run_rollouts(tmp_path: pathlib.Path, engine, tok, specs: list[RolloutSpec], *, backend=None,
                  shim_options=None, **cfg_kw) -> tuple[list[RolloutResult], list[CallRecord]]:
     """One runner call through a real shim (Unix socket) into the given engine; returns results and calls."""
-    from research.shim.server import ShimServer
-
     cfg_kw.setdefault("limits", Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=330))
     if backend is not None:  # the config names the backend the runner is given (results record it)
         cfg_kw.setdefault("backend", backend.name)
     cfg = RunnerConfig(out_dir=tmp_path / "run", progress=False, infra_retries=0,
                        **{"timeout_s": 300, "max_turns": 8, **cfg_kw})
-
-    async def go():
-        log = CaptureLog(tmp_path / "capture.jsonl", fsync=False)
-        server = ShimServer(engine, tok, log, unix_socket=str(tmp_path / "shim.sock"), options=shim_options)
-        await server.start()
-        runner = Runner(cfg, server, capture_log=log, backend=backend)
-        try:
-            return await runner.run(specs)
-        finally:
-            runner.close()
-            await server.stop()
-            log.close()
-
-    results = asyncio.run(go())
-    calls = [r for r in read_log(tmp_path / "capture.jsonl") if isinstance(r, CallRecord)]
-    return results, calls
+    return asyncio.run(run_through_shim(tmp_path, engine, tok, specs, cfg, backend=backend,
+                                        shim_options=shim_options))
 
 
 def logs_of(tmp_path: pathlib.Path, rollout_id: str) -> str:

@@ -20,59 +20,42 @@ import pathlib
 import random
 import tempfile
 
+from harness_env.benchmarks import ready_backend, with_reference
 from harness_env.harnesses.base import get_harness
-from harness_env.harnesses.scripted import TOOL_RESPONSE, TOOLS_BLOCK, tool_call_text
-from harness_env.runner import RolloutSpec, Runner, RunnerConfig
-from harness_env.sandbox import Limits, get_backend
+from harness_env.harnesses.scripted import scripted_reply
+from harness_env.runner import RolloutSpec, RunnerConfig, run_through_shim
+from harness_env.sandbox import Limits
 from harness_env.tasks import LIBRARY
 
 TASK = LIBRARY / "file_hello"
 
 
 def diverging_policy(harness, decode, seed: int = 0):  # noqa: ANN001, ANN201
-    """Two shell commands, then a final answer; the first names a random sample number (per call), the rest
+    """Two shell commands, then a final answer; the first names a random sample number (drawn per call), the rest
     follow from the prompt (so a rollout's later calls extend its own first call)."""
     rng = random.Random(seed)
 
     def reply(req) -> str:  # noqa: ANN001
-        text = decode(list(req.prompt_ids))
-        if TOOLS_BLOCK not in text:
-            return "Scripted session"
-        step = text.count(TOOL_RESPONSE)
-        if step == 0:
-            return tool_call_text(harness.shell_call(f"echo sample-{rng.randrange(10**6)} > out.txt"))
-        if step == 1:
-            return tool_call_text(harness.shell_call("printf 'Hello, world!\\n' > hello.txt && cat out.txt"))
-        return "I created hello.txt."
+        first = f"echo sample-{rng.randrange(10**6)} > out.txt"  # used at step 0 only
+        commands = [first, "printf 'Hello, world!\\n' > hello.txt && cat out.txt"]
+        return scripted_reply(harness, commands, "I created hello.txt.", decode(list(req.prompt_ids)))
 
     return reply
 
 
 async def _group(tok, name: str, backend, root: pathlib.Path, group: int) -> dict:
-    from research.capture import CallRecord, CaptureLog, read_log
     from research.serving.replay import ReplayEngine
-    from research.shim.server import ShimServer
     from research.trees.builder import build_tree
 
     harness = get_harness(name)
     await harness.install()
-    log = CaptureLog(root / "capture.jsonl", fsync=False)
-    server = ShimServer(ReplayEngine(diverging_policy(harness, tok.decode), tok), tok, log,
-                        unix_socket=str(root / "shim.sock"))
-    await server.start()
     cfg = RunnerConfig(out_dir=root / "run", backend=backend.name, timeout_s=300, progress=False, infra_retries=0,
                        concurrency=4, limits=Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=330))
-    runner = Runner(cfg, server, capture_log=log, backend=backend)
-    try:
-        results = await runner.run([RolloutSpec(TASK, name, k) for k in range(group)])
-    finally:
-        runner.close()
-        await server.stop()
-        log.close()
+    results, calls = await run_through_shim(root, ReplayEngine(diverging_policy(harness, tok.decode), tok), tok,
+                                            [RolloutSpec(TASK, name, k) for k in range(group)], cfg, backend=backend)
     bad = [r for r in results if r.status != "ok"]
     if bad:
         raise RuntimeError(f"{name}: {bad[0].rollout_id} ended {bad[0].status}: {bad[0].message}")
-    calls = [c for c in read_log(root / "capture.jsonl") if isinstance(c, CallRecord)]
     tree = build_tree(calls, results)
     flat = sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls)
     # the agent's first request (a harness's side sessions, e.g. opencode's title call, are shorter)
@@ -84,20 +67,14 @@ async def _group(tok, name: str, backend, root: pathlib.Path, group: int) -> dic
 
 def run(harnesses: str = "reference,codex,claude_code", group: int = 8, backend: str = "bwrap",
         tokenizer_dir: str = "") -> dict:
-    from research.models.tokenizer import PACKAGED_QWEN3, load_tokenizer
+    from research.models.tokenizer import load_tokenizer
 
-    names = [n for n in str(harnesses).split(",") if n]
-    if "reference" not in names:
-        names.insert(0, "reference")
-    b = get_backend(backend)
-    ok, why = b.available()
-    if not ok:
-        raise RuntimeError(f"backend {backend} unavailable: {why}")
-    tok = load_tokenizer(tokenizer_dir or PACKAGED_QWEN3)
+    names = with_reference(harnesses)
+    b = ready_backend(backend)
+    tok = load_tokenizer(tokenizer_dir)
     out: dict = {"backend": backend, "group": group}
     with tempfile.TemporaryDirectory(prefix="bench-harness-tree-") as tmp:
         for name in names:
-            (pathlib.Path(tmp) / name).mkdir()
             r = asyncio.run(_group(tok, name, b, pathlib.Path(tmp) / name, group))
             out.update({f"{name}_{k}": v for k, v in r.items()})
     for name in names:

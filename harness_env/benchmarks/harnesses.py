@@ -17,15 +17,14 @@ import pathlib
 import statistics
 import tempfile
 
+from harness_env.benchmarks import ready_backend, with_reference
 from harness_env.harnesses.base import get_harness
 from harness_env.harnesses.scripted import scripted_policy
-from harness_env.runner import RolloutSpec, Runner, RunnerConfig
-from harness_env.sandbox import Limits, get_backend
+from harness_env.runner import RolloutSpec, RunnerConfig, run_through_shim
+from harness_env.sandbox import Limits
 from harness_env.tasks import LIBRARY
-from research.capture import CaptureLog
 from research.models.tokenizer import load_tokenizer
 from research.serving.replay import ReplayEngine
-from research.shim.server import ShimServer
 
 TASK = LIBRARY / "file_hello"
 SOLVE = "printf 'Hello, world!\\n' > hello.txt && cat hello.txt"
@@ -35,18 +34,9 @@ FINAL = "I created hello.txt."
 async def _one(tok, name: str, backend, root: pathlib.Path, sample: int) -> dict:
     harness = get_harness(name)
     engine = ReplayEngine(scripted_policy(harness, [SOLVE], FINAL, tok.decode), tok)
-    log = CaptureLog(root / "capture.jsonl", fsync=False)
-    server = ShimServer(engine, tok, log, unix_socket=str(root / f"shim-{name}-{sample}.sock"))
-    await server.start()
     cfg = RunnerConfig(out_dir=root / "run", backend=backend.name, timeout_s=300, progress=False, infra_retries=0,
                        limits=Limits(cpus=2.0, memory_mb=4096, pids=1024, wall_s=330))
-    runner = Runner(cfg, server, capture_log=log, backend=backend)
-    try:
-        (res,) = await runner.run([RolloutSpec(TASK, name, sample)])
-    finally:
-        runner.close()
-        await server.stop()
-        log.close()
+    (res,), _ = await run_through_shim(root, engine, tok, [RolloutSpec(TASK, name, sample)], cfg, backend=backend)
     if res.status != "ok":
         raise RuntimeError(f"{name}: rollout ended {res.status}: {res.message}")
     return {"rollout_s": res.timings["total_s"], "harness_s": res.timings["harness_s"],
@@ -55,13 +45,8 @@ async def _one(tok, name: str, backend, root: pathlib.Path, sample: int) -> dict
 
 def run(backend: str = "bwrap", repeats: int = 1, harnesses: str = "reference,claude_code,codex,opencode,openclaw",
         tokenizer_dir: str = "") -> dict:
-    names = [n for n in str(harnesses).split(",") if n]
-    if "reference" not in names:
-        names.insert(0, "reference")
-    b = get_backend(backend)
-    ok, why = b.available()
-    if not ok:
-        raise RuntimeError(f"backend {backend} unavailable: {why}")
+    names = with_reference(harnesses)
+    b = ready_backend(backend)
     tok = load_tokenizer(tokenizer_dir)
     out: dict = {"backend": backend, "repeats": repeats}
     with tempfile.TemporaryDirectory(prefix="bench-harnesses-") as tmp:

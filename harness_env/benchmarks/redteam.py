@@ -17,17 +17,14 @@ import pathlib
 import tempfile
 
 from harness_env import redteam
-from harness_env.sandbox import get_backend
+from harness_env.benchmarks import ready_backend
 
 
 def run(backend: str = "bwrap", tokenizer_dir: str = "") -> dict:
-    from research.models.tokenizer import PACKAGED_QWEN3, load_tokenizer
+    from research.models.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(tokenizer_dir or PACKAGED_QWEN3)
-    be = get_backend(backend)
-    ok, why = be.available()
-    if not ok:
-        raise RuntimeError(f"backend {backend}: {why}")
+    tok = load_tokenizer(tokenizer_dir)
+    be = ready_backend(backend)
     with tempfile.TemporaryDirectory(prefix="hrl-redteam-") as tmp:
         names = [a.name for a in redteam.ATTACKS] + [redteam.CONTROL.name]
         results, calls = asyncio.run(redteam.run_attacks(pathlib.Path(tmp), tok, be, names))

@@ -44,3 +44,21 @@ def scripted_policy(harness: Harness, commands: Sequence[str], final: str,
         return scripted_reply(harness, commands, final, decode(list(req.prompt_ids)))
 
     return reply
+
+
+def per_task_policy(harness_name: str, plans: dict[str, tuple[Sequence[str], str]],
+                    decode: Callable[[list[int]], str]) -> Callable:
+    """A `ReplayEngine` script for many tasks at once: for the task whose marker (a piece of its query) is in the
+    rendered prompt, run its commands with this harness's own shell tool, then answer its final message."""
+    from harness_env.harnesses.base import get_harness
+
+    harness = get_harness(harness_name)
+
+    def reply(req) -> str:  # noqa: ANN001 - research.serving.api.GenerateRequest
+        text = decode(list(req.prompt_ids))
+        for marker, (commands, final) in plans.items():
+            if marker in text:
+                return scripted_reply(harness, commands, final, text)
+        return "No task found."
+
+    return reply

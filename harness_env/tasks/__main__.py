@@ -31,7 +31,7 @@ async def _validate(dirs: list[pathlib.Path], jsonl: pathlib.Path | None, concur
     import dataclasses
     import json
 
-    from harness_env.tasks.validate import _grade_or_error, load_task
+    from harness_env.tasks.validate import grade_emptied, load_task
 
     backend = get_backend("bwrap")
     done = {}
@@ -50,8 +50,7 @@ async def _validate(dirs: list[pathlib.Path], jsonl: pathlib.Path | None, concur
             if emptied and v.untouched_reward is not None:
                 task = load_task(d)
                 if task.input_dir.is_dir():
-                    row["emptied_reward"], row["emptied_error"] = await _grade_or_error(backend, task, 60.0,
-                                                                                        empty_inputs=True)
+                    row["emptied_reward"], row["emptied_error"] = await grade_emptied(backend, task)
         async with lock:
             done[str(d)] = row
             if jsonl is not None:

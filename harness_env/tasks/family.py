@@ -132,6 +132,8 @@ def cut_reply(prompt_text: str) -> str:
 
 
 _REDIRECT = re.compile(r">\s*([^\s;&|>]+)")
+
+
 def _command_of(reply: str) -> str | None:
     """The bash command of the reply's first parseable tool call (None: none)."""
     from harness_env.eval.analytics import parse_tool_calls

@@ -106,7 +106,6 @@ class Task:
         except (OSError, shutil.Error) as e:
             raise TaskError(f"{self.root}: copying input_files into the workspace: {e}") from e
 
-
     @property
     def editable_inputs(self) -> list[str] | None:
         """Glob patterns of the inputs the task allows the agent to change (`metadata.editable_inputs`); None
@@ -135,11 +134,11 @@ class Task:
                 rel = os.path.relpath(src, self.input_dir)
                 size = os.path.getsize(src)
                 got = _digest_nofollow(workspace, rel, size)
-                if got is not None and got[0] == _digest(src):
+                if got is not None and got[0] is not None and got[0] == _digest(src):
                     continue
                 change = {"path": rel, "size_before": size}
                 if got is None:
-                    change["change"] = "removed" if not _lexists(workspace, rel) else "replaced"
+                    change["change"] = "replaced" if os.path.lexists(os.path.join(workspace, rel)) else "removed"
                 else:
                     change.update(change="modified", size_after=got[1])
                 out.append(change)
@@ -148,19 +147,15 @@ class Task:
         return out
 
 
-def _lexists(root: pathlib.Path, rel: str) -> bool:
-    return os.path.lexists(os.path.join(root, rel))
-
-
 def _digest(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> tuple[str, int] | None:
+def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> tuple[str | None, int] | None:
     """(sha256, size) of root/rel if every component is a real directory and the file a regular file, else None;
-    a file whose size is not `size` (the input's) is changed without being read: an agent's 1 TB sparse file in
-    place of an input would otherwise be hashed for hours."""
+    a file whose size is not `size` (the input's) is changed without being read, its sha256 None: an agent's
+    1 TB sparse file in place of an input would otherwise be hashed for hours."""
     parts = pathlib.PurePosixPath(rel).parts
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -178,7 +173,7 @@ def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> tuple[str, int]
         if not stat.S_ISREG(st.st_mode):
             return None
         if st.st_size != size:
-            return f"size:{st.st_size}", st.st_size
+            return None, st.st_size
         return hashlib.file_digest(fh, "sha256").hexdigest(), st.st_size
 
 

@@ -6,8 +6,8 @@ on the host, or reads files the sandbox does not have, fails validation here rat
 `probe_task` is what validation knows without a reference solution (ClawGym ships none), and what attribution
 needs: the untouched workspace (the inputs, nothing else) must grade WITHOUT ERROR and BELOW 1.0 — a checker
 that errors there errs on its own (a later reward_error is the task's, not the policy's), one that scores 1.0
-there pays for doing nothing — and, for the tamper table, the grade with every input file emptied (a checker
-that recomputes its expected answer from the inputs pays an agent that empties them).
+there pays for doing nothing. `grade_emptied`, for the tamper table: the grade with every input file emptied (a
+checker that recomputes its expected answer from the inputs pays an agent that empties them).
 """
 
 from __future__ import annotations
@@ -104,26 +104,31 @@ async def validate_task(backend: Backend, root: str | pathlib.Path) -> Validatio
                      f"untouched workspace {untouched}, exit stubs fooled it: {v.exit_fooled}")
     return v
 
+
 STUBS = {".py": "import os\nos._exit(0)\n", ".sh": "exit 0\n", ".bash": "exit 0\n", ".js": "process.exit(0)\n"}
+
+
+def _copied_inputs(task: Task, ws: pathlib.Path):  # noqa: ANN202 - Iterator[pathlib.Path]
+    """The workspace copies of the task's input files that are still regular files."""
+    for dirpath, _, names in os.walk(task.input_dir):
+        for name in names:
+            q = ws / os.path.relpath(os.path.join(dirpath, name), task.input_dir)
+            if q.is_file() and not q.is_symlink():
+                yield q
 
 
 def _stub_code(task: Task, ws: pathlib.Path) -> None:
     """Replaces every code file the task gives the agent by one that exits 0 at once (at import, for a module):
     what an agent that cannot solve the task but can make a test runner exit cleanly would leave."""
-    for dirpath, _, names in os.walk(task.input_dir):
-        for name in names:
-            q = ws / os.path.relpath(os.path.join(dirpath, name), task.input_dir)
-            if q.suffix in STUBS and q.is_file() and not q.is_symlink():
-                q.write_text(STUBS[q.suffix])
+    for q in _copied_inputs(task, ws):
+        if q.suffix in STUBS:
+            q.write_text(STUBS[q.suffix])
 
 
 def _empty_inputs(task: Task, ws: pathlib.Path) -> None:
-    """Truncates every copied input file (regular files only) to 0 bytes, as a tampering policy would."""
-    for dirpath, _, names in os.walk(task.input_dir):
-        for name in names:
-            q = ws / os.path.relpath(os.path.join(dirpath, name), task.input_dir)
-            if q.is_file() and not q.is_symlink():
-                q.write_bytes(b"")
+    """Truncates every copied input file to 0 bytes, as a tampering policy would."""
+    for q in _copied_inputs(task, ws):
+        q.write_bytes(b"")
 
 
 async def _grade_or_error(backend: Backend, task: Task, timeout: float, **kw) -> tuple[float | None, str]:
@@ -133,11 +138,15 @@ async def _grade_or_error(backend: Backend, task: Task, timeout: float, **kw) ->
         return None, str(e)[-300:]
 
 
-async def probe_task(backend: Backend, root: str | pathlib.Path, *, timeout: float = 60.0,
-                     emptied: bool = True) -> dict:
-    """{task, untouched, untouched_error, emptied, emptied_error, clean, grade_s}: the grades of the untouched
-    workspace and (`emptied`) of the one with every input emptied; `clean` = the untouched workspace grades
-    without error below 1.0 (what `validate` requires of every task and attribution relies on)."""
+async def grade_emptied(backend: Backend, task: Task, timeout: float = 60.0) -> tuple[float | None, str]:
+    """(grade, error) of the workspace with every input emptied and nothing else done: the tamper table's probe
+    (a checker that recomputes its expected answer from the inputs may pay an agent that empties them)."""
+    return await _grade_or_error(backend, task, timeout, empty_inputs=True)
+
+
+async def probe_task(backend: Backend, root: str | pathlib.Path, *, timeout: float = 60.0) -> dict:
+    """{task, untouched, untouched_error, clean, grade_s}: the grade of the untouched workspace; `clean` = it
+    grades without error below 1.0 (what `validate` requires of every task and attribution relies on)."""
     t0 = time.monotonic()
     try:
         task = load_task(root)
@@ -146,8 +155,6 @@ async def probe_task(backend: Backend, root: str | pathlib.Path, *, timeout: flo
                 "clean": False, "grade_s": 0.0}
     out = {"task": task.task_id}
     out["untouched"], out["untouched_error"] = await _grade_or_error(backend, task, timeout)
-    if emptied and task.input_dir.is_dir():
-        out["emptied"], out["emptied_error"] = await _grade_or_error(backend, task, timeout, empty_inputs=True)
     out["clean"] = out["untouched"] is not None and out["untouched"] < 1.0
     out["grade_s"] = round(time.monotonic() - t0, 3)
     return out
@@ -185,7 +192,7 @@ async def keep_valid(backend: Backend, dirs: list[pathlib.Path], *, concurrency:
         if f.exists():
             return json.loads(f.read_text())
         async with sem:
-            row = await probe_task(backend, d, emptied=False)
+            row = await probe_task(backend, d)
         f.write_text(json.dumps(row))
         return row
 
