@@ -77,6 +77,7 @@ class Loop:
         if "rl" in self.state.data_state:
             self.stream.set_state(self.state.data_state["rl"])
         self.engine = None
+        self._engine_seen: dict[str, int] = {}
 
     # ------------------------------------------------------------------ setup
     async def _phases(self) -> None:
@@ -242,7 +243,22 @@ class Loop:
         m["rollout/tokens_per_s"] = generated / max(rollout_s, 1e-9)  # generation throughput seen by the harnesses
         if batch.trees:
             m["staleness"] = self.state.version - batch.min_version
+        m.update(self._engine_reuse())
         return m
+
+    def _engine_reuse(self) -> dict:
+        """The engine's prompt tokens since the previous train step (its evals included): requested, computed
+        (prefilled) and the share it served from cached slots. Why: a real CLI's ~9k-token prompt is the same
+        for every call of a group; without slot reuse the engine would prefill it once per call."""
+        stats = getattr(self.engine, "stats", None)
+        if not isinstance(stats, dict):  # an external server (SGLang) reports its own cache metrics
+            return {}
+        now = {k: int(stats.get(k, 0)) for k in ("prefill_tokens", "reused_tokens")}
+        prev, self._engine_seen = self._engine_seen, now
+        computed, reused = (now[k] - prev.get(k, 0) for k in ("prefill_tokens", "reused_tokens"))
+        requested = computed + reused
+        return {"engine/prompt_tokens": float(requested), "engine/prefill_tokens": float(computed),
+                "engine/prefill_reuse": reused / requested if requested else 0.0}
 
     async def rl_async(self) -> None:
         """Rollout rounds run ahead of the learner (at most `lookahead` rounds); staleness is bounded per group."""

@@ -16,7 +16,7 @@ import time
 
 from harness_env.rl import rollouts as R
 from harness_env.rl.experts import expert_engine
-from research.data.pipeline import demo_stream
+from research.data.pipeline import demo_stream, merge_items
 from research.data.shards import GroupRecord, seal_log, shard_paths
 from research.rl import batches as B
 
@@ -29,7 +29,8 @@ async def capture_demonstrations(loop) -> list[str]:  # noqa: ANN001
     run, out_dir = loop.run, loop.workdir / "demos"
     tasks = loop.train_tasks[: run.sft.num_demos] if run.sft.num_demos > 0 else loop.train_tasks
     specs = [R.StepSpec(t, h, 0, step=0, tag="demo") for t in tasks for h, _ in R.harness_weights(run)]
-    svc = R.RolloutService(run, out_dir, expert_engine(run.sft.expert, loop.tok), loop.tok, name="rollouts",
+    expert = expert_engine(run.sft.expert, loop.tok, max_context=run.engine.max_len)
+    svc = R.RolloutService(run, out_dir, expert, loop.tok, name="rollouts",
                            sampling={}, max_new_tokens=1024)  # the expert is never truncated
     try:
         await svc.run(specs)
@@ -60,6 +61,8 @@ async def sft_phase(loop) -> None:  # noqa: ANN001
         stream.set_state(st.data_state["sft"])
     while st.sft_step < run.sft.steps:
         items = next(stream)
+        if run.sft.merge_demos:
+            items = merge_items(items, loop.pcfg)
         batch = B.build_batch(items, loop.pcfg, current_version=0, max_off_policy=1 << 30,
                               loss_slots_k=run.sft_loss_slots, filter_groups=False)
         t = time.monotonic()

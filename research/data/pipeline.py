@@ -117,6 +117,23 @@ def to_tree(rec: GroupRecord, cfg: PipelineConfig) -> TreeItem:
     return TreeItem(tree, rejections, rec)
 
 
+def merge_items(items: list[TreeItem], cfg: PipelineConfig) -> list[TreeItem]:
+    """The items' groups rebuilt as one tree per harness (each rollout once). Why: demonstrations through a real
+    CLI share its ~9k-token prompt up to the task's line; as separate trees each one trains that prompt again
+    (16 demonstrations: 16 rows of ~10k tokens), merged they train it once. Only for losses that need no group
+    advantages (SFT): a merged tree's rollouts come from different tasks."""
+    by_harness: dict[str, dict[str, GroupRecord]] = {}
+    for it in items:
+        by_harness.setdefault(it.group.harness, {}).setdefault(it.group.key, it.group)
+    out = []
+    for harness, groups in by_harness.items():
+        recs = list(groups.values())
+        merged = GroupRecord(f"merged:{recs[0].group_id}+{len(recs) - 1}", harness,
+                             [c for r in recs for c in r.calls], [x for r in recs for x in r.results])
+        out.append(to_tree(merged, cfg))
+    return out
+
+
 @dataclasses.dataclass
 class SealedBatch:
     """The groups one training step sealed (`key` = the step's tag)."""

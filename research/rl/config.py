@@ -165,6 +165,9 @@ class SFTConfig:
     # LM-head slots per SFT row (0: train.loss_slots); SFT rows hold whole demonstrations, whose loss
     # tokens a tighter start fits without doubling past them (the head is most of a tiny model's step)
     loss_slots: int = 0
+    # one prefix tree per SFT step (per harness) instead of one per demonstration: a real CLI's ~9k-token prompt,
+    # identical across demonstrations up to the task's line, is then trained once per step, not once per demo
+    merge_demos: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
