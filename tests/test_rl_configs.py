@@ -20,3 +20,19 @@ def test_config_builds_with_loop_fields(name):
     from research.train.state import model_config
 
     model_config(cfg)  # every model field is a valid ModelConfig
+
+
+@pytest.mark.parametrize("arg", ["codex", "claude_code", "openclaw", "opencode", "mix", "codex,control", "mix,test"])
+def test_harness_matrix_configs_validate_and_hold_each_clis_first_request(arg):
+    from configs import harness_matrix
+    from harness_env.harnesses.base import check_context
+    from research.rl.config import RunConfig
+
+    run = RunConfig.of(harness_matrix.get_config(arg))
+    names = [h.split(":")[0] for h in run.rollout.harnesses.split(",")]
+    assert names == (list(harness_matrix.CLIS) if arg.startswith("mix") else [arg.split(",")[0]])
+    check_context(names, run.engine.max_len)
+    assert run.train.row_len >= run.engine.max_len and run.sft.merge_demos
+    assert run.algo == ("sft" if arg.endswith("control") else "grpo")
+    with pytest.raises(ValueError, match="not in"):
+        harness_matrix.get_config("browser_use")
