@@ -5,6 +5,7 @@
   python -m launch.eval --tasks=/path/to/clawgym_tasks --harness=codex --k=2 --endpoint=sglang:http://gpu:30000
   python -m launch.eval --tasks=../shared/clawgym/train --limit=20 --seed=1 --harness=openclaw --endpoint=jax
   python -m launch.eval --tasks=web:heldout --harness=claude_code,codex,browser_use --k=2 --endpoint=oracle
+  python -m launch.eval --tasks=DIR --harness=codex,claude_code,reference --k=1 --policies=sft=W1,codex=W2,mix=W3
 
 --tasks: a ClawGym task dir, `library` (ours), `family:train|heldout|all[:N]` (the make_file family), or
   `web:train|heldout|all[:N]` (the web task family: a browser harness, a web app per task);
@@ -49,6 +50,8 @@ _MEMORY = flags.DEFINE_integer("memory_mb", 2048, "sandbox memory limit")
 _WS_MB = flags.DEFINE_integer("workspace_mb", 1024, "workspace disk cap in MiB (0: uncapped); over it: disk_limit")
 _HOME_MB = flags.DEFINE_integer("home_mb", 512, "HOME disk cap in MiB (0: uncapped); over it: disk_limit")
 _MAX_TURNS = flags.DEFINE_integer("max_turns", 30, "agent turns (harnesses that take a limit)")
+_POLICIES = flags.DEFINE_list("policies", [], "NAME=WORKDIR,...: the transfer matrix instead of "
+                               "--endpoint: each launch.train run's latest checkpoint under every --harness")
 _MAX_LEN = flags.DEFINE_integer("max_len", 0, "--endpoint=jax: longest prompt + completion per slot (0: sized "
                                 "to the harnesses' first requests, harnesses.base.context_for)")
 
@@ -67,6 +70,9 @@ def main(argv):
                           heldout_fraction=_HELDOUT.value)
     except ValueError as e:  # TaskError: unknown split, no such dir
         raise app.UsageError(str(e)) from e
+    if _POLICIES.value:
+        print(_matrix(tasks, tok, out, cfg))
+        return
     try:
         max_len = _MAX_LEN.value or context_for(_HARNESS.value)
         check_context(_HARNESS.value, max_len)
@@ -77,6 +83,21 @@ def main(argv):
                                cfg=cfg, threshold=_THRESHOLD.value, close_engine=True))
     print(doc["paths"]["txt"].read_text())
     print("report: " + " ".join(str(p) for p in doc["paths"].values()))
+
+
+
+def _matrix(tasks, tok, out: pathlib.Path, cfg: RunnerConfig) -> str:  # noqa: ANN001
+    from harness_env.eval.policies import to_markdown, transfer_matrix
+
+    policies = {}
+    for item in _POLICIES.value:
+        name, sep, workdir = item.partition("=")
+        if not sep or not name or not pathlib.Path(workdir, "config.json").exists():
+            raise app.UsageError(f"--policies item {item!r}: expected NAME=WORKDIR of a launch.train run")
+        policies[name] = pathlib.Path(workdir)
+    matrix = asyncio.run(transfer_matrix(policies, _HARNESS.value, tasks=tasks, k=_K.value, tok=tok, out=out,
+                                         cfg=cfg))
+    return to_markdown(matrix) + f"matrix: {out / 'matrix.json'} {out / 'matrix.md'}"
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ def test_grpo_through_codex_lifts_the_reward_and_the_negated_control_lowers_it(t
     # the ~8.6k-token Codex prompt is shared by every call of a group: the tree trains it once, the engine's slot
     # cache prefills it once per slot
     assert r["tree_vs_flat"] > 5 and r["prefill_reuse"] > 0.8, r
-    # measured (docs/experiments/2026-12-03-codex-learning.md): 0.12 -> 0.65 over the last 3 of 12 steps
-    assert np.mean(rewards[:2]) <= 0.35 and np.mean(rewards[-3:]) >= 0.55, rewards
-    assert cli_learning.lift(rewards) >= 0.3, rewards
-    assert np.mean(neg[-3:]) <= 0.05, (neg, rewards)  # same SFT start, advantages negated: the sign matters
+    # measured (docs/experiments/2026-12-03-codex-learning.md), 16 rollouts per step: first 2 steps 0.19 / 0.25,
+    # last 4 0.59 / 0.58 (two runs); the noise of one step's rate is ~0.12, so the bounds compare means
+    start, end = np.mean(rewards[:2]), np.mean(rewards[-4:])
+    assert start <= 0.35 and end >= 0.4 and end - start >= 0.2, rewards
+    neg_end = np.mean(neg[-3:])  # same SFT start, every advantage's sign flipped: the sign matters
+    assert neg_end <= 0.08 and end - neg_end >= 0.3, (neg, rewards)
