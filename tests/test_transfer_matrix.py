@@ -1,5 +1,5 @@
-"""The transfer matrix: policies restored from launch.train workdirs, each evaluated under every harness with the
-context window its prompts were learned under."""
+"""The transfer matrix: policies restored from the workdirs of `launch.train` runs, each evaluated under every
+harness with the context window its prompts were learned under."""
 
 import asyncio
 import pathlib
