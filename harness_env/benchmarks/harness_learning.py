@@ -16,6 +16,7 @@ Time: ~10 min per CLI on 2 cores at the defaults (SFT ~3.5 s per step under a ~9
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import tempfile
 
@@ -31,8 +32,9 @@ def run(harnesses: str = "codex,openclaw", mix: int = -1, sft_steps: int = 100, 
     ready_backend("bwrap")
     names = [h for h in str(harnesses).split(",") if h]
     do_mix = (len(names) >= 2) if mix < 0 else bool(mix)
-    with tempfile.TemporaryDirectory(prefix="harness_learning-") as tmp:
-        root = pathlib.Path(workdir or tmp)
+    scratch = contextlib.nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="harness_learning-")
+    with scratch as where:
+        root = pathlib.Path(where)
         runs = {h: cli_learning.run(h, root / h, sft_steps=sft_steps, rl_steps=rl_steps, negated_steps=0)
                 for h in names}
         out: dict = {f"lift_{h}": round(cli_learning.lift(r["rewards"]), 3) for h, r in runs.items()}

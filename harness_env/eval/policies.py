@@ -6,8 +6,8 @@
 A policy is a run's latest checkpoint (`launch.train`'s workdir: its config.json and orbax checkpoints), served by
 the JAX engine. Why a window per (policy, harness): the CLIs shape their prompts by the context window they are
 told (Codex cuts its skill list to fit), so a policy is evaluated under a harness it trained through with its
-training run's window (the prompt it learned), and under any other with that harness's own
-(`cli_learning.context`, when the run's is too small for it). Each cell is one `evaluate` run under OUT/POLICY/HARNESS
+training run's window (the prompt it learned), and under any other with that harness's own (`tight_context` of
+harnesses/base.py, when the run's is too small for it). Each cell is one `evaluate` run under OUT/POLICY/HARNESS
 (resumable); `matrix.json` / `matrix.md` hold pass@1 and the mean reward per cell, and the run version evaluated.
 """
 
@@ -17,7 +17,7 @@ import asyncio
 import json
 import pathlib
 
-from harness_env.harnesses.base import get_harness
+from harness_env.harnesses.base import first_call_need, tight_context
 
 
 def load_policy(workdir: pathlib.Path):  # noqa: ANN201 - (RunConfig, params, version)
@@ -41,11 +41,9 @@ def load_policy(workdir: pathlib.Path):  # noqa: ANN201 - (RunConfig, params, ve
 
 def window(run, harness: str) -> int:  # noqa: ANN001 - research.rl.config.RunConfig
     """The context window to serve `run`'s policy under `harness` with (see the module docstring)."""
-    from harness_env.rl.cli_learning import context
-
     trained = {h.split(":")[0] for h in run.rollout.harnesses.split(",")}
-    fits = run.engine.max_len >= get_harness(harness).first_request_tokens + 256
-    return run.engine.max_len if (harness in trained or fits) else context([harness])
+    fits = run.engine.max_len >= first_call_need(harness)
+    return run.engine.max_len if (harness in trained or fits) else tight_context([harness])
 
 
 async def transfer_matrix(policies: dict[str, pathlib.Path], harnesses: list[str], *, tasks: list[pathlib.Path],

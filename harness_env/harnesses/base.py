@@ -285,11 +285,24 @@ def context_for(harnesses: list[str], floor: int = 4096) -> int:
     return 1 << (need - 1).bit_length()
 
 
+def first_call_need(harness: str) -> int:
+    """Tokens a harness's first call needs: its first request and a first reply (256 tokens)."""
+    return get_harness(harness).first_request_tokens + 256
+
+
+def tight_context(harnesses: list[str]) -> int:
+    """The smallest engine context, in whole 1k blocks, that holds every harness's first call (Codex: 10240): for
+    short tasks whose whole path is the first request and a few hundred tokens. The CLIs shape their prompts by the
+    window they are told, so a policy must be served with the window it was trained under."""
+    need = max(first_call_need(h) for h in harnesses)
+    return -(-need // 1024) * 1024
+
+
 def check_context(harnesses: list[str], max_len: int) -> None:
-    """ValueError naming both sizes when `max_len` cannot hold a harness's first request and a first reply (256
-    tokens): a configuration mismatch must fail at start, not as every rollout's harness_error."""
+    """ValueError naming both sizes when `max_len` cannot hold a harness's first call (`first_call_need`): a
+    configuration mismatch must fail at start, not as every rollout's harness_error."""
     for h in harnesses:
-        need = get_harness(h).first_request_tokens + 256
+        need = first_call_need(h)
         if max_len < need:
             raise ValueError(f"engine context {max_len} tokens < {need} that {h} needs (its first request is "
                              f"~{get_harness(h).first_request_tokens} tokens); {context_for([h])} would fit")

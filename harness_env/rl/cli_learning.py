@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from harness_env.harnesses.base import get_harness
+from harness_env.harnesses.base import tight_context
 from harness_env.rl import experts
 
 WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
@@ -63,14 +63,6 @@ def expert_reply(prompt_text: str) -> str:
 experts.EXPERTS[EXPERT] = expert_reply
 
 
-def context(harnesses: list[str]) -> int:
-    """The engine context (and row length) for these CLIs here: the largest first request and a 256-token reply,
-    rounded up to 1k (Codex: 10240). A pick-word path is the first request and ~200 tokens. Fixed per CLI because
-    the CLI is told this window and shapes its prompt by it: SFT, RL and eval must all run under the same one."""
-    need = max(get_harness(h).first_request_tokens for h in harnesses) + 256
-    return -(-need // 1024) * 1024
-
-
 def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: int = 100, rl_steps: int = 12,
            **rl):  # noqa: ANN201 - ml_collections.ConfigDict
     """The run: configs/harness_matrix.py's test size through `harness` ("a,b": mixed), the pick-word tasks."""
@@ -80,7 +72,8 @@ def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: 
     if "," in harness:
         cfg.rollout.harnesses = ",".join(f"{h}:1" for h in harness.split(","))
     cfg.algo = algo
-    cfg.engine.max_len = cfg.train.row_len = context(harness.split(","))
+    # fixed per CLI: the CLI shapes its prompt by the window it is told, so SFT, RL and eval share one
+    cfg.engine.max_len = cfg.train.row_len = tight_context(harness.split(","))
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
     cfg.model.update(embedding_init_std=0.2)
     cfg.optim.update(learning_rate=4e-3, warmup_steps=0)
@@ -109,7 +102,7 @@ def run(harness: str, root: pathlib.Path, *, sft_steps: int = 100, rl_steps: int
     (each part is skipped once done). Returns the per-step train rewards and the tree/engine figures."""
     from harness_env.rl.sweep import run_part
 
-    tasks = write_tasks(root / "tasks") if not (root / "tasks").exists() else root / "tasks"
+    tasks = write_tasks(root / "tasks")  # idempotent: the same files on a resume
     parts = {"sft": config(harness, tasks, algo="sft", sft_steps=sft_steps),
              "rl": config(harness, tasks, sft_steps=sft_steps, rl_steps=rl_steps),
              "negated": config(harness, tasks, sft_steps=sft_steps, rl_steps=negated_steps, estimator="negated_grpo")}
