@@ -38,9 +38,9 @@ def main(argv):
         except ModuleNotFoundError as e:
             if e.name != f"{package}.{_SUITE.value}":  # the suite exists but one of its imports is missing
                 raise
-    if suite is None:
-        raise app.UsageError(f"unknown suite {_SUITE.value!r} (no module of that name in research/benchmarks "
-                             "or harness_env/benchmarks)")
+    if suite is None or not callable(getattr(suite, "run", None)):
+        raise app.UsageError(f"unknown suite {_SUITE.value!r} (no module of that name with a run() in "
+                             "research/benchmarks or harness_env/benchmarks)")
     result = suite.run(**_parse_opts(_OPT.value))
     print("BENCH " + json.dumps({"suite": _SUITE.value, **result}, sort_keys=True), flush=True)
 

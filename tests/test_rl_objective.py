@@ -21,12 +21,12 @@ from research.rl.objective import (
     scatter_slots,
 )
 from research.trees import synthetic
+from research.trees.batch import DEVICE_ROW_FIELDS
 from research.trees.builder import build_tree
 from research.trees.packing import pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
 
-KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index", "behav_logp", "weight", "count",
-        "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "norm")
+KEYS = DEVICE_ROW_FIELDS
 
 
 def _batch(cfg, seed=0, k=4):

@@ -15,13 +15,13 @@ from research.train.optim import default_optim_config, make_optimizer
 from research.train.state import init_train_state, make_mesh, policy_state_init
 from research.train.step import make_train_step
 from research.trees import synthetic
+from research.trees.batch import DEVICE_ROW_FIELDS
 from research.trees.builder import build_tree
 from research.trees.packing import pack_routed_experts, pack_trees
 from research.trees.targets import node_stats, normalizer, ppo_stats_from_values, rollout_advantages
 
 CFG = tiny_moe()
-BATCH_KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index", "behav_logp", "weight", "count",
-              "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "norm")
+BATCH_KEYS = DEVICE_ROW_FIELDS
 
 
 def _groups(seed, sessions=3, turns=2, **kw):

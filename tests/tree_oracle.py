@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from research import losses
 from research.models import ModelConfig, Qwen3, head_weight
 from research.models.logprobs import token_logprobs
-from research.rl.objective import MODEL_KEYS, Objective
+from research.rl.objective import Objective
+from research.trees.batch import MODEL_KEYS
 
 
 def _parent(x_BxTxD, parent_BxT):

@@ -20,13 +20,15 @@ from harness_env import redteam
 from harness_env.benchmarks import ready_backend
 
 
-def run(backend: str = "bwrap", tokenizer_dir: str = "") -> dict:
+def run(backend: str = "bwrap", tokenizer_dir: str = "", attacks: str = "") -> dict:
+    """`attacks`: a comma list of attack names (default: every attack); the honest control always runs."""
     from research.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     be = ready_backend(backend)
     with tempfile.TemporaryDirectory(prefix="hrl-redteam-") as tmp:
-        names = [a.name for a in redteam.ATTACKS] + [redteam.CONTROL.name]
+        chosen = [a for a in str(attacks).split(",") if a] or [a.name for a in redteam.ATTACKS]
+        names = chosen + [redteam.CONTROL.name]
         results, calls = asyncio.run(redteam.run_attacks(pathlib.Path(tmp), tok, be, names))
     report = redteam.assess(results, calls)
     control = report.pop(redteam.CONTROL.name)

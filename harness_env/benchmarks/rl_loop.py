@@ -77,8 +77,11 @@ def _head_baseline(cfg, wd: pathlib.Path, reps: int) -> dict:
     learner = Learner(cfg)
     run = learner.run
     *_, sealed = list(step_stream(wd / "shards", run.pipeline()))
+    # every group of the step, signal or not (a tiny random policy often gets one reward for a whole group)
     batch = B.build_batch(sealed.items, run.pipeline(), current_version=1 << 30, max_off_policy=1 << 30,
-                          loss_slots_k=run.train.loss_slots)
+                          loss_slots_k=run.train.loss_slots, filter_groups=False)
+    if not batch.trees:
+        raise RuntimeError(f"the last step of {wd} left no trainable tree ({len(sealed.items)} items sealed)")
     rows = NamedSharding(learner.mesh, PartitionSpec(run.train.batch_axes))
     step = make_train_step(loss_fn=make_rl_loss_fn(run.model, learner.obj), optimizer=learner.init.optimizer,
                            state_shardings=learner.shardings, batch_shardings=rows, donate=False)

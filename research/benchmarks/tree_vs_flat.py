@@ -33,12 +33,12 @@ from research.train.optim import default_optim_config, make_optimizer
 from research.train.state import init_train_state, make_mesh, policy_state_init
 from research.train.step import make_train_step
 from research.trees import synthetic
+from research.trees.batch import DEVICE_ROW_FIELDS
 from research.trees.builder import GroupTree, build_tree
 from research.trees.packing import pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
 
-KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index", "behav_logp", "weight", "count",
-        "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "norm")
+KEYS = DEVICE_ROW_FIELDS
 AGG = "token_mean"
 
 

@@ -20,11 +20,10 @@ import numpy as np
 
 from research.data.pipeline import PipelineConfig, TreeItem
 from research.rl.objective import loss_slots
+from research.trees.batch import HOST_ONLY
 from research.trees.builder import GroupTree
 from research.trees.packing import pack_routed_experts, pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
-
-HOST_ONLY = ("tree_id", "node_id", "own")
 
 
 @dataclasses.dataclass

@@ -27,10 +27,7 @@ from jaxtyping import Array, Float, Int
 from research import losses
 from research.models import ModelConfig, Qwen3, head_weight
 from research.models.logprobs import token_logprobs
-
-MODEL_KEYS = ("tokens", "positions", "segment_ids", "subtree_end")
-SLOT_FIELDS = ("behav_logp", "weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "old_values",
-               "ref_logp", "old_logp")
+from research.trees.batch import MODEL_KEYS, SLOT_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)

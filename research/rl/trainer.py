@@ -40,10 +40,10 @@ from research.rl.objective import (
 from research.train.optim import make_optimizer
 from research.train.state import StateInit, abstract_train_state, init_train_state, make_mesh, policy_state_init
 from research.train.step import TrainStep, make_train_step
+from research.trees.batch import PPO_FIELDS
 from research.trees.targets import ppo_stats_from_values
 
 log = logging.getLogger(__name__)
-PPO_FIELDS = ("weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum", "old_values")
 
 
 def state_init(run: RunConfig) -> StateInit:

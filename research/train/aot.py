@@ -36,8 +36,6 @@ import time
 
 GiB = 1024**3
 STEPS = ("grpo", "ppo", "sft")
-TREE_INT_KEYS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index")
-TREE_FLOAT_KEYS = ("behav_logp", "weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum")
 
 
 def _run_config(config):
@@ -51,28 +49,24 @@ def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = 
     """ShapeDtypeStructs of one packed tree batch of `step` as the trainer feeds it, rows over the batch axes
     (`config.train.batch_axes`), with its loss slots (`config.train.loss_slots`; SFT: `config.sft.loss_slots`
     when set); `ref_logp` when `kl`, `old_values` for ppo, `expert_ids` [B, T, L, k] when `replay` (MoE only)."""
-    import jax
-    import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from research.trees import batch as fields
+
     run = _run_config(config)
-    t = run.train
-    sh = NamedSharding(mesh, PartitionSpec(t.batch_axes))
-    s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
-    B, T, K = t.batch_rows, t.row_len, run.sft_loss_slots if step == "sft" else t.loss_slots
-    out = {**{k: s((B, T), jnp.int32) for k in TREE_INT_KEYS},
-           **{k: s((B, T), jnp.float32) for k in TREE_FLOAT_KEYS},
-           "norm": s((B,), jnp.float32), "loss_idx": s((B, K), jnp.int32), "loss_valid": s((B, K), jnp.bool_)}
+    t, m = run.train, config.model
+    keys = [*fields.DEVICE_ROW_FIELDS, *fields.names(fields.SLOTS)]
     if step == "ppo":
-        out["old_values"] = s((B, T), jnp.float32)
+        keys.append("old_values")
     if kl and step in ("grpo", "ppo"):
-        out["ref_logp"] = s((B, T), jnp.float32)
+        keys.append("ref_logp")
     if replay:
-        m = config.model
         if not m.num_experts:
             raise ValueError("replay=True needs an MoE model (config.model.num_experts > 0)")
-        out["expert_ids"] = s((B, T, m.num_layers, m.num_experts_per_tok), jnp.int32)
-    return out
+        keys.append("expert_ids")
+    return fields.abstract(keys, sharding=NamedSharding(mesh, PartitionSpec(t.batch_axes)), B=t.batch_rows,
+                           T=t.row_len, K=run.sft_loss_slots if step == "sft" else t.loss_slots,
+                           L=m.num_layers, k=m.get("num_experts_per_tok") or 0)
 
 
 def memory_report(compiled) -> dict:

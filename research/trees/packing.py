@@ -23,11 +23,8 @@ import dataclasses
 
 import numpy as np
 
+from research.trees.batch import STAT_FIELDS, empty_rows
 from research.trees.builder import GroupTree
-from research.trees.targets import STAT_FIELDS
-
-ROW_FIELDS = ("tokens", "positions", "segment_ids", "subtree_end", "parent_index", "behav_logp",
-              *STAT_FIELDS, "tree_id", "node_id", "own")
 
 
 @dataclasses.dataclass
@@ -108,13 +105,7 @@ def pack_trees(trees: list[GroupTree], stats: list[dict[str, np.ndarray]], norms
     B = len(rows) if num_rows is None else num_rows
     if len(rows) > B:
         raise ValueError(f"{len(pieces)} pieces need {len(rows)} rows of {row_len}, batch has {B}")
-    f32 = {"behav_logp", *STAT_FIELDS}
-    out = {k: np.zeros((B, row_len), np.float32 if k in f32 else np.int32) for k in ROW_FIELDS}
-    out["own"] = np.zeros((B, row_len), bool)
-    out["parent_index"][:] = -1
-    out["tree_id"][:] = -1
-    out["subtree_end"][:] = np.arange(row_len)  # padding: visible to itself only (segment 0 masks it anyway)
-    out["norm"] = np.zeros((B,), np.float32)
+    out = empty_rows(B, row_len)  # padding per research/trees/batch.py (subtree_end: each slot sees itself)
     for r, items in enumerate(rows):
         off = 0
         for seg, i in enumerate(items, start=1):

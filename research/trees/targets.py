@@ -12,9 +12,8 @@ import numpy as np
 
 from research import advantages as adv_lib
 from research import losses
+from research.trees.batch import STAT_FIELDS
 from research.trees.builder import GroupTree
-
-STAT_FIELDS = ("weight", "count", "adv_pos", "adv_neg", "ret_sum", "ret_sq_sum")
 
 
 def call_lengths(tree: GroupTree) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""Every `launch.bench` suite runs in CI at a tiny size, through the launcher, and prints its keys.
+
+A suite nobody runs rots: `--suite=rl_loop` crashed with KeyError: 'tokens' for weeks because no test ran it.
+Each suite is either run here (tiny options, a subprocess of `python -m launch.bench`, exit 0, a final
+`BENCH {json}` line holding the keys the README and the issue notes quote) or by the named test file that
+exercises its `run()` more deeply. A new suite without either fails `test_every_suite_is_run_by_a_test`.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("research/benchmarks", "harness_env/benchmarks")
+
+# suite -> (tiny --opt values, keys its BENCH line must hold)
+TINY = {
+    "attention": (["prefix=64", "sessions=2", "turns=2", "turn_min=8", "turn_max=16", "block=32", "repeats=1"],
+                  {"auto_impl", "flat_speedup", "skip_speedup", "visible_block_fraction", "tree_tokens",
+                   "pallas_lowers_tpu", "pallas_lowers_cuda"}),
+    "model": (["layers=1", "d=64", "experts=4", "vocab=256", "seq=32", "batch=1", "iters=1", "warmup=1"],
+              {"loss", "loss_transformers", "ours_tokens_per_s", "transformers_tokens_per_s", "ratio"}),
+    "tree_vs_flat": (["turns=2", "sessions=2", "prefix=64", "gen=[4,8]", "tool=[4,8]", "scale=1.0", "flat_steps=1",
+                      "loss_calls=4"], {"speedup_2", "tokens_ratio_2", "loss_rel_diff_2", "tree_tokens_2"}),
+    "sandbox": (["n_start=2", "levels=2", "docker_levels=2"],
+                {"bwrap_start_ms_p50", "bwrap_vs_bare_ratio", "docker_vs_bwrap_ratio", "bwrap_rollouts_per_s"}),
+    "harnesses": (["harnesses=codex"], {"reference_reward", "codex_reward", "codex_calls", "codex_vs_reference"}),
+    "redteam": (["attacks=rel_link,fifo"], {"attacks", "defended", "sheltered", "paid", "control_reward",
+                                            "grade_s_max_vs_honest"}),
+    "rl_loop": (["steps=2", "groups_per_step=2", "group_size=2", "reps=1"],
+                {"rollout_s", "tree_s", "train_s", "sync_s", "step_s", "rollouts_per_min", "compact_head_speedup"}),
+    "harness_learning": (["harnesses=codex", "sft_steps=2", "rl_steps=2"],
+                         {"lift_codex", "end_codex", "tree_vs_flat_tokens", "prefill_reuse"}),
+}
+# suite -> the test file that runs its run() (asserting its keys there)
+COVERED = {
+    "engine": "tests/test_engine_bench.py",
+    "shim": "tests/test_shim_bench.py",
+    "harness_tree": "tests/test_bench_harness_tree.py",
+    "gpu_check": "tests/test_gpu_check.py",
+    "learning": "tests/test_rl_learning.py",
+    "multihost": "tests/test_multihost.py",
+}
+SLOW = {"rl_loop", "harness_learning"}
+
+
+def _suites() -> set[str]:
+    """Modules of the two benchmark packages with a top-level `def run(` (helpers such as shim_load have none)."""
+    return {p.stem for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")
+            if not p.stem.startswith("_") and "\ndef run(" in p.read_text()}
+
+
+def test_every_suite_is_run_by_a_test():
+    assert _suites() == set(TINY) | set(COVERED), "a bench suite without a test: add it to TINY or COVERED"
+    for name, path in COVERED.items():
+        assert f"{name}.run(" in (ROOT / path).read_text(), f"{path} does not call {name}.run("
+
+
+def test_a_helper_module_is_not_a_suite():
+    r = subprocess.run([sys.executable, "-m", "launch.bench", "--suite=shim_load"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "no module of that name with a run()" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in TINY])
+@pytest.mark.timeout(900)
+def test_suite_runs_tiny_through_the_launcher(name):
+    opts, keys = TINY[name]
+    r = subprocess.run([sys.executable, "-m", "launch.bench", f"--suite={name}", *(f"--opt={o}" for o in opts)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=850)
+    assert r.returncode == 0, r.stderr[-4000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("BENCH "), r.stdout[-2000:]
+    out = json.loads(last[len("BENCH "):])
+    assert out["suite"] == name and keys <= set(out), sorted(keys - set(out))
