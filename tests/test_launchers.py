@@ -4,6 +4,7 @@ Launchers are thin: tests import the library functions they call, never the laun
 of different launchers (which may share names) never meet in one process.
 """
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -33,3 +34,17 @@ def test_tests_do_not_import_launchers():
     offenders = [p.name for p in (REPO / "tests").glob("test_*.py")
                  if any(f"{kw} launch." in p.read_text() for kw in ("from", "import"))]
     assert not offenders, f"import the library, not the launcher: {offenders}"
+
+
+def test_train_refuses_a_mesh_the_devices_cannot_hold_before_anything_starts(tmp_path):
+    """Through `launch.train`: 8 devices, a mesh of data=3 x fsdp=-1 -> a RunConfigError naming config.mesh, before
+    the engine, a sandbox or the workdir exist."""
+    wd = tmp_path / "run"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/demo_cpu.py:test",
+                           f"--workdir={wd}", "--config.mesh.data=3", "--config.mesh.fsdp=-1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0
+    assert "RunConfigError" in proc.stderr and "config.mesh" in proc.stderr and "8 devices" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert not wd.exists()

@@ -23,6 +23,8 @@ import os
 import pathlib
 import time
 
+import jax
+
 from harness_env.rl import rollouts as R
 from harness_env.rl.sft import sft_phase
 from research.capture import RolloutResult, read_log
@@ -39,16 +41,20 @@ log = logging.getLogger(__name__)
 
 
 def train(config, workdir: str | os.PathLike) -> dict:  # noqa: ANN001
-    """Runs (or resumes) the configured run in `workdir`; returns the final summary dict."""
-    run = RunConfig.of(config)
-    workdir = pathlib.Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2, default=str))
-    if run.distributed.enabled:
+    """Runs (or resumes) the configured run in `workdir`; returns the final summary dict.
+
+    The config is validated with the real device count before anything starts (no engine, no sandbox, no
+    file in `workdir`): a mesh the devices cannot hold fails here, not after the first rollouts."""
+    run = RunConfig.of(config, check=False)
+    if run.distributed.enabled:  # before the first JAX call: the device count is the whole job's after it
         from research.train import distributed
 
         # config, then env, then JAX's auto-detection (TPU pods, SLURM); process id 0 is an id, not "unset"
         distributed.initialize(dataclasses.asdict(run.distributed))
+    run = RunConfig.of(run, num_devices=jax.device_count())
+    workdir = pathlib.Path(workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2, default=str))
     return asyncio.run(Loop(run, workdir).run_loop())
 
 

@@ -249,7 +249,9 @@ class RunConfig:
            check: bool = True) -> RunConfig:
         """Typed sections always; `check=False` skips the cross-section invariants (model-only configs, e.g.
         configs/tiny.py, whose loop sections are all defaults, for AOT compiles and tests)."""
-        if isinstance(config, RunConfig):
+        if isinstance(config, RunConfig):  # typed already; the device count may be known only now
+            if check and num_devices is not None:
+                validate(config, num_devices=num_devices)
             return config
         d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
         unknown = sorted(set(d) - set(_TOP))
