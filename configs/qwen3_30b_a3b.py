@@ -21,8 +21,8 @@ activations), bf16 compute, full remat per layer, chunked fused-head log-probs. 
 `memory_analysis()` per device (args/temps/peak + the largest arrays) is printed by (this file: the SFT
 step on tree rows; the RL configs' tree-GRPO/PPO and SFT steps: configs/qwen3_30b_a3b_{gpu,tpu}.py):
 
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:gpu --step=sft --fake_devices=8
-  python -m research.train.aot --config=configs/qwen3_30b_a3b_tpu.py --step=grpo,ppo,sft --kl --replay --fake_devices=16
+  python -m launch.aot --config=configs/qwen3_30b_a3b.py:gpu --step=sft --fake_devices=8
+  python -m launch.aot --config=configs/qwen3_30b_a3b_tpu.py --step=grpo,ppo,sft --kl --replay --fake_devices=16
 
 On XLA:CPU the temps are dominated by CPU lowerings of the grouped expert matmul (ragged_dot becomes
 per-expert dense [experts, assignments, D] arrays), so only the state numbers transfer to GPU/TPU.

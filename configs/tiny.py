@@ -2,8 +2,8 @@
 
 Used by the train-state tests and as the base of the CPU demo configs. `arg` picks the model:
 
-  python -m research.train.aot --config=configs/tiny.py          # tiny MoE (8 experts, top-2)
-  python -m research.train.aot --config=configs/tiny.py:dense    # tiny dense, tied embeddings
+  python -m launch.aot --config=configs/tiny.py          # tiny MoE (8 experts, top-2)
+  python -m launch.aot --config=configs/tiny.py:dense    # tiny dense, tied embeddings
 
 Every field can be overridden on the command line, e.g. `--config.model.num_layers=4`.
 """

@@ -40,7 +40,7 @@ def _check_memory(rep: dict) -> None:
 def _cli(config: str, steps: str, devices: int) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
-        [sys.executable, "-m", "research.train.aot", f"--config={config}", f"--step={steps}", "--kl", "--replay",
+        [sys.executable, "-m", "launch.aot", f"--config={config}", f"--step={steps}", "--kl", "--replay",
          f"--fake_devices={devices}"],
         capture_output=True, text=True, timeout=1400, env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]

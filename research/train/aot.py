@@ -21,17 +21,15 @@ state and a rough one of activations. MoE configs compile with `moe_impl="shapes
 `ragged_dot` to dense [local experts, assignments, D] arrays (287 GiB per device for ONE layer of the 30B
 GRPO step on the 8-GPU mesh, vs 35 GiB with the stand-in), which no accelerator allocates.
 
-  python -m research.train.aot --config=configs/qwen3_30b_a3b_gpu.py --step=grpo,ppo,sft --kl --replay \
+  python -m launch.aot --config=configs/qwen3_30b_a3b_gpu.py --step=grpo,ppo,sft --kl --replay \
       --fake_devices=8 [--num_layers=2]
-  python -m research.train.aot --config=configs/qwen3_30b_a3b.py:tpu --step=sft --fake_devices=16
+  python -m launch.aot --config=configs/qwen3_30b_a3b.py:tpu --step=sft --fake_devices=16
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 import time
 
 GiB = 1024**3
@@ -197,41 +195,3 @@ def format_report(rep: dict) -> str:
             f"aliased {g('alias_bytes')}; state {g('state_bytes_per_device')}), "
             f"lower {rep['lower_s']}s compile {rep['compile_s']}s; largest arrays: "
             + ", ".join(f"{name} {b / GiB:.2f} GiB" for name, b in rep.get("largest_arrays", [])))
-
-
-def main(argv=None) -> None:
-    """CLI: fake CPU devices must be configured before jax is imported, hence the late imports."""
-    from absl import app, flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", None, "config file (e.g. configs/qwen3_30b_a3b_gpu.py)")
-    flags.DEFINE_list("step", [], f"steps to compile, of {STEPS} (default: the config's algo, or sft)")
-    flags.DEFINE_bool("kl", False, "RL steps: KL penalty on (the batch carries reference log-probs)")
-    flags.DEFINE_bool("replay", False, "RL/SFT steps of an MoE: routing replay on (recorded routed experts)")
-    flags.DEFINE_integer("num_layers", None, "override depth (real width) for a quicker compile")
-    flags.DEFINE_integer("fake_devices", 0, "force this many XLA:CPU devices (0: use the real backend)")
-    flags.DEFINE_bool("compile", True, "compile (memory report) or only lower")
-    flags.DEFINE_string("moe_impl", "shapes", "MoE kernel to compile ('shapes': the accelerators' buffers; '': "
-                        "the config's)")
-
-    def run(_):
-        import json
-
-        F = flags.FLAGS
-        if F.fake_devices:
-            import jax
-
-            jax.config.update("jax_platforms", "cpu")
-            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                       f" --xla_force_host_platform_device_count={F.fake_devices}").strip()
-        for step in F.step or [None]:
-            rep = aot_compile(F.config, step=step, kl=F.kl, replay=F.replay, num_layers=F.num_layers,
-                              compile=F.compile, moe_impl=F.moe_impl or None)
-            print(format_report(rep))
-            print("AOT " + json.dumps(rep, sort_keys=True), flush=True)
-
-    app.run(run, argv=argv or sys.argv)
-
-
-if __name__ == "__main__":
-    main()
