@@ -25,7 +25,7 @@ an embedding init std of 0.2 (at 0.02 Adam's common-mode drift makes the 16 word
 the policy stays at the marginal, ln 16), 16 demonstrations per SFT step, and an expert whose every
 demonstration copies WORD right after "the word", as the task text says it ("containing the word WORD"):
 an induction-style copy, learned early. What makes GRPO lift the SFT policy instead of degrading it
-(WORKSPACE.md, "Why GRPO degraded a good SFT policy"): right and wrong samples share that copy and part at
+(docs/experiments/2026-12-02-demo-grpo-diagnosis.md): right and wrong samples share that copy and part at
 one token (" |" or " >"), so the tree's shared prefix has advantage 0 and the update falls on that token;
 no step without signal; zero-variance groups filtered and re-sampled; 2 epochs x 2 minibatches per batch
 so the clip acts; an RL lr of 2.5e-4 (at 5e-4 the policy reaches ~0.9 and then degrades); a KL penalty to the
@@ -65,7 +65,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.train.update(steps=10, batch_rows=8, row_len=512, num_microbatches=1, logprob_chunk=256, loss_slots=32,
                         epochs=2, minibatches=2, skip_empty=True, diagnostics=True)
     # kl_coef: a k3 penalty to the policy RL started from keeps what SFT learned and RL gives no signal on
-    # (the name copy: without it, held-out names drift to one attractor; WORKSPACE.md, issue 10)
+    # (the name copy: without it, held-out names drift to one attractor;
+    # docs/experiments/2026-12-02-demo-grpo-diagnosis.md)
     config.rl.update(estimator="grpo", aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.1,
                      entropy_coef=0.0, is_correction="tis", is_cap=2.0, value_coef=0.5, gamma=1.0, lam=1.0,
                      filter_groups=True)
@@ -92,7 +93,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.train.steps = 20
     elif arg == "literal":  # the previous demo's expert: "echo the word WORD > NAME" or "echo WORD > NAME"
         config.sft.expert = "make_file_imperfect"
-    elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD" (WORKSPACE.md, issue 10)
+    elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD" (docs/experiments/2026-12-02-demo-grpo-diagnosis.md)
         config.sft.expert = "make_file_sloppy"
     elif arg == "test":
         config.model.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16)

@@ -107,7 +107,7 @@ def oracle_reply(prompt_text: str, *, mistake: str = "") -> str:
     -f3 > NAME` on the others (right): both behaviours copy WORD after the same words, so SFT learns the
     copy from every demonstration (an induction-friendly context: "the word" precedes WORD in the task
     text too), and right and wrong part at one token after it (" >" or " |"), where GRPO's signal falls
-    (WORKSPACE.md, issue 10)."""
+    (docs/experiments/2026-12-02-demo-grpo-diagnosis.md)."""
     found = _QUERY.findall(prompt_text)
     if not found:
         return "I cannot tell which file to create."

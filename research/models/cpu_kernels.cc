@@ -7,7 +7,7 @@
 // with a software prefetch ahead of it, keeping up to 6 rows x 16 columns of fp32 accumulators in AVX2
 // registers. fp32 in, fp32 accumulate, fp32 out: the same math as the XLA path (summation order differs).
 //
-// Two targets:
+// Three targets:
 //   hrl_matmul(x[..., K], w_panels[P, K, 16]) -> y[..., N]           (N from the result shape, N <= 16P)
 //   hrl_moe(x[T, D], ids[T, Kt], gates[T, Kt], gate_up[E, 2, Pi, D, 16], down[E, Pd, I, 16]) -> y[T, D]
 //     = sum_k gates[t,k] * (silu(x[t] @ Wg[e]) * (x[t] @ Wu[e])) @ Wd[e],  e = ids[t,k]
