@@ -93,7 +93,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.train.steps = 20
     elif arg == "literal":  # the previous demo's expert: "echo the word WORD > NAME" or "echo WORD > NAME"
         config.sft.expert = "make_file_imperfect"
-    elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD" (docs/experiments/2026-12-02-demo-grpo-diagnosis.md)
+    elif arg == "sloppy":  # the expert's mistake is "WORD." instead of "the word WORD"
+        # (docs/experiments/2026-12-02-demo-grpo-diagnosis.md)
         config.sft.expert = "make_file_sloppy"
     elif arg == "test":
         config.model.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16)

@@ -16,7 +16,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ("WORKSPACE.md", "README.md", "docs/design.md")
 TOP = ("research", "harness_env", "launch", "configs", "notebooks", "tests", "docs", ".ci")
-PATH = re.compile(r"(?<![\w/.])((?:%s)/[\w./{},*+-]*)" % "|".join(re.escape(t) for t in TOP))
+PATH = re.compile(r"(?<![\w/.])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./{},*+-]*)")
 DOTTED = re.compile(r"(?<![\w/.])(?<!-m )((?:research|harness_env|launch|configs)(?:\.\w+)+)")
 COMMAND = re.compile(r"python -m ([\w.]+)")
 

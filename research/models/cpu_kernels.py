@@ -4,7 +4,8 @@ Why: at decode a step multiplies a handful of rows by every weight matrix once, 
 the weights. XLA:CPU's dot reads them at 4-5 GB/s for [8, K] x [K, N] (it repacks the weight on every
 call), and the all-experts MoE kernel that avoids XLA's slow gathers computes E/top_k times the useful
 flops. `cpu_kernels.cc` streams weights packed once at load time (`pack`) and runs only the picked
-experts; see `python -m launch.bench --suite=engine` for the effect (docs/experiments/2026-12-02-engine-shim-measurements.md has the numbers).
+experts; see `python -m launch.bench --suite=engine` for the effect
+(docs/experiments/2026-12-02-engine-shim-measurements.md has the numbers).
 
 The library is compiled on first use with the host's C++ compiler for the host CPU (`-march=native`, AVX2 +
 FMA required) against jaxlib's FFI headers, and cached under ``$HRL_KERNEL_CACHE`` (default
