@@ -7,10 +7,11 @@ resumes, also after kill -9. `--nocontrol` skips the control runs.
 """
 
 import json
-import logging
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from research.rl.console import quiet_libraries
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs/*.py file).", lock_config=True)
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "config.seed of each run")
@@ -20,7 +21,7 @@ _CONTROL = flags.DEFINE_bool("control", True, "also run each seed's SFT-only con
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
+    quiet_libraries(verbose=flags.FLAGS["verbosity"].present > 0)  # orbax etc. only with --verbosity
     from harness_env.rl.sweep import run_sweep
 
     summary = run_sweep(_CONFIG.value, [int(s) for s in _SEEDS.value], _WORKDIR.value, control=_CONTROL.value)

@@ -17,10 +17,11 @@ Checked on CPU by `python -m launch.bench --suite=multihost --opt processes=2` (
 """
 
 import json
-import logging
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from research.rl.console import quiet_libraries
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs/*.py file).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs, metrics, plots).", required=True)
@@ -28,7 +29,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, log
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
+    quiet_libraries(verbose=flags.FLAGS["verbosity"].present > 0)  # orbax etc. only with --verbosity
     from harness_env.rl.loop import train
 
     summary = train(_CONFIG.value, _WORKDIR.value)

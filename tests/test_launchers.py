@@ -48,3 +48,21 @@ def test_train_refuses_a_mesh_the_devices_cannot_hold_before_anything_starts(tmp
     assert "RunConfigError" in proc.stderr and "config.mesh" in proc.stderr and "8 devices" in proc.stderr, \
         proc.stderr[-3000:]
     assert not wd.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_prints_one_line_per_step_and_no_library_chatter(tmp_path):
+    """`launch.train` as the README runs it: progress lines with an ETA, no orbax INFO (~250 lines before)."""
+    proc = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/demo_cpu.py:test",
+                           f"--workdir={tmp_path / 'run'}", "--config.sft.steps=4", "--config.train.steps=2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=560)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    lines = out.splitlines()
+    for phase, total in (("sft", 4), ("rl", 2)):
+        steps = [x for x in lines if f"[{phase} " in x]
+        assert len(steps) == total and all("s/step, ETA" in x for x in steps), steps
+    assert "[rl 2/2] reward" in out and proc.stdout.splitlines()[-1].startswith("SUMMARY ")
+    assert not [x for x in lines if "orbax" in x or "checkpoint_manager" in x], out[-3000:]
+    assert len(lines) <= 20, out

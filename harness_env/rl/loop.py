@@ -32,6 +32,7 @@ from research.data.pipeline import step_stream
 from research.data.shards import seal_log
 from research.rl import batches as B
 from research.rl.config import RunConfig
+from research.rl.console import Progress
 from research.rl.metrics import MetricsWriter, plot_rewards, rollout_metrics
 from research.rl.run_state import RunState
 from research.rl.sync import get_sync
@@ -174,6 +175,7 @@ class Loop:
                 log.info("RL phase: fresh optimizer state (config.rl_optim, lr %s)", self.run.rl_optim.learning_rate)
             self.state.meta["rl_started"] = True
         self.learner.init_reference(self.workdir / "reference")  # KL reference: saved once, restored on resume
+        self.rl_progress = Progress("rl", self.run.train.steps, done=self.state.rl_step)
 
     async def _rollout_step(self, k: int) -> tuple[set[str], float]:
         """The rollouts of RL step k: the plan, plus extra rounds while too few groups carry signal."""
@@ -232,8 +234,9 @@ class Loop:
                           dropped=dropped & {r.rollout_id for r in results},
                           data_state={**self.state.data_state, "rl": self.stream.get_state()})
         self.maybe_plot()
-        log.info("rl step %d: reward %.3f pass %.3f signal groups %s", self.state.rl_step,
-                 m.get("rollout/all/reward", 0.0), m.get("rollout/all/pass_rate", 0.0), m.get("signal_groups"))
+        log.info(self.rl_progress.line(self.state.rl_step, {
+            "reward": m.get("rollout/all/reward", 0.0), "pass": m.get("rollout/all/pass_rate", 0.0),
+            "kl_ref": m.get("kl_ref"), "signal_groups": m.get("signal_groups")}))
 
     def _max_groups(self) -> int | None:
         extra = self.run.rl.filter_groups and self.run.rollout.max_extra_rounds > 0

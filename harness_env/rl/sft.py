@@ -19,6 +19,7 @@ from harness_env.rl.experts import expert_engine
 from research.data.pipeline import demo_stream, merge_items
 from research.data.shards import GroupRecord, seal_log, shard_paths
 from research.rl import batches as B
+from research.rl.console import Progress
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ async def sft_phase(loop) -> None:  # noqa: ANN001
                            f"{run.sft.min_reward}")
     if "sft" in st.data_state:
         stream.set_state(st.data_state["sft"])
+    progress = Progress("sft", run.sft.steps, done=st.sft_step, lines=20)
     while st.sft_step < run.sft.steps:
         items = next(stream)
         if run.sft.merge_demos:
@@ -74,8 +76,8 @@ async def sft_phase(loop) -> None:  # noqa: ANN001
         st.commit("sft", loop.learner.state, data_state={**st.data_state, "sft": stream.get_state()})
         loop.maybe_plot()
         k = st.sft_step
-        if k % 10 == 0 or k == run.sft.steps:
-            log.info("sft step %d/%d nll %.4f", k, run.sft.steps, m["nll"])
+        if line := progress.line(k, {"nll": m["nll"], "tokens": int(batch.tree_tokens)}):
+            log.info(line)
         every = run.eval.sft_every
         if every > 0 and k % every == 0 and k < run.sft.steps:
             await loop.push_weights()

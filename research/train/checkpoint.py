@@ -117,7 +117,7 @@ class Checkpointer:
         )
         saved = self._manager.save(int(step), args=args, force=force)
         if saved:
-            _log.info("checkpoint step %d -> %s", step, self.directory)
+            _log.debug("checkpoint step %d -> %s", step, self.directory)
         return saved
 
     def all_steps(self) -> list[int]:
