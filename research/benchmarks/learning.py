@@ -87,8 +87,8 @@ async def _run(config, *, steps: int, sign: float, target: int, new_tokens: int,
             seal_log(workdir / "capture.jsonl", workdir / "shards", key=f"s{step}")
             batch = B.build_batch(next(stream).items, run.pipeline(), current_version=step, max_off_policy=0,
                                   loss_slots_k=run.train.loss_slots)
-            m = learner.train(batch)
-            maxdiff = max(maxdiff, m.get("behav_logp_maxdiff", 0.0))
+            if not batch.empty:  # a renamed metric must fail here, not read as 0 (engine == trainer)
+                maxdiff = max(maxdiff, learner.train(batch)["behav_logp_maxdiff"])
             await get_sync("jax")(engine, learner, step + 1, workdir)
     finally:
         log.close()
