@@ -58,9 +58,12 @@ def params():
     return jax.jit(lambda k: init_params(CFG, k))(jax.random.PRNGKey(0))
 
 
-@pytest.fixture(scope="module")
-def runner():
-    return Qwen3Runner(CFG)
+@pytest.fixture(scope="module", params=[True, False], ids=["cpu_kernels", "xla"])
+def runner(request):
+    """Both decode paths: the CPU kernels CI serves on, and XLA's ops, the path TPUs and GPUs run."""
+    if request.param and jax.default_backend() != "cpu":
+        pytest.skip("the CPU kernels serve the CPU backend only")
+    return Qwen3Runner(CFG, kernels=request.param)
 
 
 def make_engine(runner, params, **kw):
