@@ -93,3 +93,19 @@ def test_merge_keeps_harnesses_apart():
     results = [dataclasses.replace(r, harness="claude_code") for r in other.results]
     items[1] = to_tree(GroupRecord(other.group_id, "claude_code", calls, results), cfg)
     assert sorted(t.tree.harness for t in merge_items(items, cfg)) == ["claude_code", "codex"]
+
+
+def test_steps_to_threshold_needs_a_window_mean():
+    from harness_env.rl.cli_learning import steps_to
+
+    assert steps_to([0.1, 0.9, 0.2, 0.8, 0.8, 0.9], 0.8) == 6  # one high step is not a crossing
+    assert steps_to([0.8, 0.8, 0.8], 0.8) == 3
+    assert steps_to([0.5] * 10, 0.8) is None and steps_to([0.9], 0.8) is None
+
+
+def test_plot_curves_writes_a_png(tmp_path):
+    from harness_env.rl.cli_learning import plot_curves
+
+    out = plot_curves({"codex": [[0.1, 0.5, 0.9, 0.9], [0.2, 0.4, 0.8, 0.9]]}, tmp_path / "c.png",
+                      controls={"codex": [[0.1, 0.0, 0.0]]})
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -125,3 +125,46 @@ def run(harness: str, root: pathlib.Path, *, sft_steps: int = 100, rl_steps: int
 def lift(rewards: list[float], k: int = 3) -> float:
     """Mean reward of the last k steps minus the first 2 (a noisy per-step rate: never one point)."""
     return float(np.mean(rewards[-k:]) - np.mean(rewards[:2])) if len(rewards) >= 2 else float("nan")
+
+
+def steps_to(rewards: list[float], threshold: float = 0.8, window: int = 3) -> int | None:
+    """The first RL step (1-based) at which the mean reward of the last `window` steps reaches `threshold`;
+    None if it never does (one step's rate, 16 rollouts, is too noisy to be crossed once)."""
+    for k in range(window, len(rewards) + 1):
+        if np.mean(rewards[k - window:k]) >= threshold:
+            return k
+    return None
+
+
+def plot_curves(curves: dict[str, list[list[float]]], out: str | pathlib.Path, *,
+                controls: dict[str, list[list[float]]] | None = None, threshold: float = 0.8) -> pathlib.Path:
+    """Per-harness learning curves: each seed thin, the median over seeds thick, negated controls dashed; the
+    legend gives each median's steps-to-`threshold` (`steps_to`) or says it was not reached."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, runs) in enumerate(sorted(curves.items())):
+        color = f"C{i}"
+        for r in runs:
+            ax.plot(range(1, len(r) + 1), r, color=color, alpha=0.25, lw=1)
+        n = min(len(r) for r in runs)
+        med = np.median([r[:n] for r in runs], axis=0)
+        k = steps_to(list(med), threshold)
+        reach = f"{threshold} at step {k}" if k else f"{threshold} not reached in {n}"
+        ax.plot(range(1, n + 1), med, color=color, lw=2.5, label=f"{name}: median of {len(runs)} seeds ({reach})")
+        for r in (controls or {}).get(name, []):
+            ax.plot(range(1, len(r) + 1), r, color=color, ls="--", lw=1, alpha=0.6)
+    if controls:
+        ax.plot([], [], color="gray", ls="--", label="negated-advantage control (same SFT start)")
+    ax.axhline(threshold, color="gray", lw=0.5)
+    ax.set(xlabel="RL step (16 rollouts each)", ylabel="train reward (on-policy pass rate)", ylim=(-0.02, 1.02),
+           title="learning through real CLIs (pick-word)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    out = pathlib.Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
