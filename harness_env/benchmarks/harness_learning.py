@@ -6,7 +6,7 @@
 Per CLI: the pick-word family (harness_env/rl/cli_learning.py): SFT on the expert's demonstrations captured through
 that unmodified CLI, then tree GRPO with the checker's reward. `lift_<cli>`: the train reward (on-policy pass rate,
 16 rollouts per step) over the last 3 RL steps minus the first 2; `steps_to_80_<cli>` the first step whose 3-step mean
-reaches 0.8 (null: not within the run); `mix` (default on when >= 2 CLIs) also trains
+reaches 0.8 (null: not within the run); `rollout_s_<cli>` / `train_s_<cli>` the RL step's time split (medians); `mix` (default on when >= 2 CLIs) also trains
 one policy through all of them with the same rollout budget, and `mix_gap_max` is the largest shortfall of the mix
 under one CLI (its rollouts through that CLI, last 3 steps) against that CLI's single-harness policy. The tree and
 the engine's cache, over every RL step of every run: `tree_vs_flat_tokens` (median over steps of flat tokens /
@@ -41,6 +41,8 @@ def run(harnesses: str = "codex,openclaw", mix: int = -1, sft_steps: int = 100, 
         out: dict = {f"lift_{h}": round(cli_learning.lift(r["rewards"]), 3) for h, r in runs.items()}
         out.update({f"end_{h}": round(float(np.mean(r["rewards"][-3:])), 3) for h, r in runs.items()})
         out.update({f"steps_to_80_{h}": cli_learning.steps_to(r["rewards"], 0.8) for h, r in runs.items()})
+        for h, r in runs.items():  # the RL step's time split (medians over steps): rollouts through the CLI vs update
+            out.update({f"rollout_s_{h}": round(r["rollout_s"], 2), f"train_s_{h}": round(r["train_s"], 2)})
         if do_mix:
             runs["mix"] = m = cli_learning.run(",".join(names), root / "mix", sft_steps=sft_steps, rl_steps=rl_steps,
                                                negated_steps=0)
