@@ -5,13 +5,14 @@
 
 Per CLI: the pick-word family (harness_env/rl/cli_learning.py): SFT on the expert's demonstrations captured through
 that unmodified CLI, then tree GRPO with the checker's reward. `lift_<cli>`: the train reward (on-policy pass rate,
-16 rollouts per step) over the last 3 RL steps minus the first 2; `steps_to_80_<cli>` the first step whose 3-step mean
-reaches 0.8 (null: not within the run); `rollout_s_<cli>` / `train_s_<cli>` the RL step's time split (medians).
+16 rollouts per step) over the last 3 RL steps minus the first 2; `steps_to_80_<cli>` the first step whose 3-step
+mean reaches 0.8 (null: not within the run); `rollout_s_<cli>` / `train_s_<cli>` the RL step's time split (medians).
 `mix` (default on when >= 2 CLIs) also trains one policy through all of them with the same rollout budget, and
-`mix_gap_max` is the largest shortfall of the mix under one CLI (its rollouts through that CLI, last 3 steps) against that CLI's single-harness policy. The tree and
-the engine's cache, over every RL step of every run: `tree_vs_flat_tokens` (median over steps of flat tokens /
-tree tokens; groups of 4 rollouts of 2 calls) and `prefill_reuse` (median share of requested prompt tokens the
-engine served from its slot cache). `workdir` (default: a temporary directory) makes the runs resumable.
+`mix_gap_max` is the largest shortfall of the mix under one CLI (its rollouts through that CLI, last 3 steps)
+against that CLI's single-harness policy. The tree and the engine's cache, over every RL step of every run:
+`tree_vs_flat_tokens` (median over steps of flat tokens / tree tokens; groups of 4 rollouts of 2 calls) and
+`prefill_reuse` (median share of requested prompt tokens the engine served from its slot cache). `workdir` (default:
+a temporary directory) makes the runs resumable.
 Time: ~10 min per CLI on 2 cores at the defaults (SFT ~3.5 s per step under a ~9k-token prompt).
 """
 
