@@ -33,7 +33,8 @@ TINY = {
     "rl_loop": (["steps=2", "groups_per_step=2", "group_size=2", "reps=1"],
                 {"rollout_s", "tree_s", "train_s", "sync_s", "step_s", "rollouts_per_min", "compact_head_speedup"}),
     "harness_learning": (["harnesses=codex", "sft_steps=2", "rl_steps=2"],
-                         {"lift_codex", "end_codex", "tree_vs_flat_tokens", "prefill_reuse"}),
+                         {"lift_codex", "end_codex", "steps_to_80_codex", "rollout_s_codex", "train_s_codex",
+                          "tree_vs_flat_tokens", "prefill_reuse"}),
 }
 # suite -> the test file that runs its run() (asserting its keys there)
 COVERED = {
