@@ -78,7 +78,8 @@ def step_batch():
              ) -> B.StepBatch:
         """`flat_groups`: these groups get equal rewards (no signal); `filter_groups` overrides the config's."""
         rng = np.random.default_rng(seed)
-        pcfg = RunConfig.of(cfg).pipeline()
+        run = RunConfig.of(cfg)
+        pcfg, bcfg = run.pipeline(), run.batching()
         items = []
         for g in range(2):
             calls, results = synthetic.make_group(rng, group_id=f"t{g}", harness="reference", sessions=3, turns=2,
@@ -87,7 +88,7 @@ def step_batch():
                 results = [dataclasses.replace(r, reward=1.0) for r in results]
             rec = GroupRecord(group_id=f"t{g}", harness="reference", calls=calls, results=results)
             items.append(to_tree(rec, pcfg))
-        batch = B.build_batch(items, pcfg, current_version=0, max_off_policy=1 << 30,
+        batch = B.build_batch(items, bcfg, current_version=0, max_off_policy=1 << 30,
                               loss_slots_k=cfg.train.loss_slots, filter_groups=filter_groups)
         assert batch.trees and not batch.rejections
         return batch

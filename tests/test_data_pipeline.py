@@ -9,10 +9,11 @@ import pytest
 from research.capture import CaptureLog, RolloutResult
 from research.data.pipeline import PipelineConfig, demo_stream, step_stream
 from research.data.shards import ShardError, ShardSource, seal_log, shard_paths
-from research.rl.batches import build_batch
+from research.rl.batches import BatchConfig, build_batch
 from research.trees import synthetic
 
-CFG = PipelineConfig(row_len=160, num_rows=4, groups_per_batch=2, vocab_size=64, seed=7)
+CFG = PipelineConfig(vocab_size=64, seed=7)
+BCFG = BatchConfig(row_len=160, num_rows=4)
 
 
 def _write_log(path, n_groups, seed=0, hold_back=()):
@@ -148,7 +149,7 @@ def test_bad_records_are_dropped_named_and_counted(tmp_path):
             log.append(rec)
     seal_log(tmp_path / "log.jsonl", tmp_path / "sh", key="k")
     (sealed,) = list(step_stream(tmp_path / "sh", CFG))
-    batch = build_batch(sealed.items, CFG, current_version=0, max_off_policy=1, loss_slots_k=16)
+    batch = build_batch(sealed.items, BCFG, current_version=0, max_off_policy=1, loss_slots_k=16)
     msgs = batch.rejections
     assert len(msgs) == 5  # 3 bad calls + the 2 calls of the unrewarded rollout
     assert any("call 0" in m and "logprobs for" in m and calls[0].rollout_id in m for m in msgs)
@@ -164,7 +165,7 @@ def test_batch_carries_trees_for_ppo_gae(shards):
     from research.trees.targets import ppo_stats_from_values
 
     it, _, _ = demo_stream(shards, CFG, groups_per_step=2)
-    step = build_batch(next(it), CFG, current_version=0, max_off_policy=1, loss_slots_k=16)
+    step = build_batch(next(it), BCFG, current_version=0, max_off_policy=1, loss_slots_k=16)
     trees, batch = step.trees, step.packed
     assert len(trees) == 2
     # zero values, gamma = lam = 1: every action's advantage (and return) is its rollout's reward

@@ -71,7 +71,7 @@ def _items(n: int, cfg: PipelineConfig) -> list[TreeItem]:
 
 
 def test_merged_demonstrations_hold_every_call_and_train_the_shared_prefix_once():
-    cfg = PipelineConfig(row_len=4096, num_rows=1, groups_per_batch=8, vocab_size=64)
+    cfg = PipelineConfig(vocab_size=64)
     items = _items(8, cfg)
     (merged,) = merge_items(items + items[:2], cfg)  # a group seen twice in one step counts once
     separate = sum(it.tree.num_nodes for it in items)
@@ -86,7 +86,7 @@ def test_merged_demonstrations_hold_every_call_and_train_the_shared_prefix_once(
 
 
 def test_merge_keeps_harnesses_apart():
-    cfg = PipelineConfig(row_len=4096, num_rows=1, groups_per_batch=8, vocab_size=64)
+    cfg = PipelineConfig(vocab_size=64)
     items = _items(2, cfg)
     other = items[1].group
     calls = [dataclasses.replace(c, harness="claude_code") for c in other.calls]

@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 from research.data import per_process
 from research.data.pipeline import PipelineConfig, to_tree
 from research.data.shards import GroupRecord
-from research.rl.batches import pack
+from research.rl.batches import BatchConfig, pack
 from research.train import checkpoint as ckpt_lib
 from research.train import distributed
 from research.trees import synthetic
@@ -52,9 +52,8 @@ def _packed(rows: int, seed: int = 0) -> dict:
         calls, results = synthetic.make_group(rng, group_id=f"t{g}", sessions=3, turns=2, vocab=64, p_trunc=0.0,
                                               routed_shape=(2, 2))
         recs.append(GroupRecord(group_id=f"t{g}", harness="codex", calls=calls, results=results))
-    cfg = PipelineConfig(row_len=128, num_rows=rows, groups_per_batch=2, vocab_size=64)
-    trees = [to_tree(r, cfg).tree for r in recs]
-    out = pack(trees, cfg)
+    trees = [to_tree(r, PipelineConfig(vocab_size=64)).tree for r in recs]
+    out = pack(trees, BatchConfig(row_len=128, num_rows=rows))
     from research.trees.packing import pack_routed_experts
 
     out["expert_ids"] = pack_routed_experts(trees, out)

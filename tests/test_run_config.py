@@ -23,7 +23,7 @@ def test_every_field_reaches_its_component_config():
     assert obj.temperature == 0.8 and obj.critic == "head" and obj.logprob_chunk == cfg.train.logprob_chunk
     pipe = run.pipeline()
     assert pipe.merge_generations is False  # a clipped value loss needs one occurrence per slot
-    assert (pipe.row_len, pipe.num_rows, pipe.vocab_size) == (512, 8, 151936)
+    assert pipe.vocab_size == 151936 and (run.batching().row_len, run.batching().num_rows) == (512, 8)
     assert run.engine.max_len == cfg.engine.max_len and run.rl_optim.learning_rate == cfg.rl_optim.learning_rate
 
 

@@ -78,7 +78,7 @@ def _head_baseline(cfg, wd: pathlib.Path, reps: int) -> dict:
     run = learner.run
     *_, sealed = list(step_stream(wd / "shards", run.pipeline()))
     # every group of the step, signal or not (a tiny random policy often gets one reward for a whole group)
-    batch = B.build_batch(sealed.items, run.pipeline(), current_version=1 << 30, max_off_policy=1 << 30,
+    batch = B.build_batch(sealed.items, run.batching(), current_version=1 << 30, max_off_policy=1 << 30,
                           loss_slots_k=run.train.loss_slots, filter_groups=False)
     if not batch.trees:
         raise RuntimeError(f"the last step of {wd} left no trainable tree ({len(sealed.items)} items sealed)")

@@ -73,7 +73,7 @@ class Loop:
         self.learner = Learner(config)
         self.run, self.workdir = self.learner.run, workdir
         self.tok = load_tokenizer(self.run.tokenizer_dir or None)
-        self.pcfg = self.run.pipeline()
+        self.pcfg, self.bcfg = self.run.pipeline(), self.run.batching()
         self.state = RunState(workdir, save_every=self.run.checkpoint.every, keep=self.run.checkpoint.keep)
         restored = self.state.restore(self.learner.abstract)
         if restored is not None:
@@ -215,7 +215,7 @@ class Loop:
             raise RuntimeError(f"RL step {k}: the data stream is at sealed batch {sealed.key!r}, expected {key!r} "
                                f"(shards of {self.workdir / 'shards'} out of step with the checkpoint)")
         items = [it for it in sealed.items if not (it.rollout_ids & self.state.consumed)]
-        batch = B.build_batch(items, self.pcfg, current_version=self.state.version,
+        batch = B.build_batch(items, self.bcfg, current_version=self.state.version,
                               max_off_policy=self.run.rollout.max_off_policy_steps,
                               loss_slots_k=self.run.train.loss_slots, max_groups=self._max_groups())
         m = self._rollout_metrics(results, batch, rollout_s, tree_s=time.monotonic() - t)

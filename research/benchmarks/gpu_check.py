@@ -70,7 +70,8 @@ def _batches(cfg, n: int, seed: int = 0):
     from research.trees import synthetic
 
     rng = np.random.default_rng(seed)
-    pcfg = RunConfig.of(cfg).pipeline()
+    run = RunConfig.of(cfg)
+    pcfg, bcfg = run.pipeline(), run.batching()
     scale = max(1, cfg.train.row_len // 128)
     out = []
     for s in range(n):
@@ -81,7 +82,7 @@ def _batches(cfg, n: int, seed: int = 0):
                                                   gen_len=(2, 8 * scale), tool_len=(1, 6 * scale), p_trunc=0.0)
             groups.append(to_tree(GroupRecord(group_id=f"s{s}g{g}", harness="reference", calls=calls,
                                               results=results), pcfg))
-        out.append(B.build_batch(groups, pcfg, current_version=0, max_off_policy=1 << 30,
+        out.append(B.build_batch(groups, bcfg, current_version=0, max_off_policy=1 << 30,
                                  loss_slots_k=cfg.train.loss_slots))
     return out
 

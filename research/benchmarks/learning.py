@@ -85,7 +85,7 @@ async def _run(config, *, steps: int, sign: float, target: int, new_tokens: int,
                                          reward=sign * rewards[-1]))
             curve.append(float(np.mean(rewards)))
             seal_log(workdir / "capture.jsonl", workdir / "shards", key=f"s{step}")
-            batch = B.build_batch(next(stream).items, run.pipeline(), current_version=step, max_off_policy=0,
+            batch = B.build_batch(next(stream).items, run.batching(), current_version=step, max_off_policy=0,
                                   loss_slots_k=run.train.loss_slots)
             if not batch.empty:  # a renamed metric must fail here, not read as 0 (engine == trainer)
                 maxdiff = max(maxdiff, learner.train(batch)["behav_logp_maxdiff"])

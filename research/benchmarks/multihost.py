@@ -115,12 +115,13 @@ def _steps(learner, cfg, it, steps: int) -> tuple[list[float], list[float], list
     from research.rl import batches as B
 
     run = learner.run
-    pcfg = dataclasses.replace(run.pipeline(), num_rows=run.train.batch_rows // jax.process_count())
+    pcfg = run.pipeline()
+    bcfg = dataclasses.replace(run.batching(), num_rows=run.train.batch_rows // jax.process_count())
     losses, times, read = [], [], []
     for _ in range(steps):
         groups = next(it)
         read.append([g.group_id for g in groups])
-        batch = B.build_batch([to_tree(g, pcfg) for g in groups], pcfg, current_version=learner.step,
+        batch = B.build_batch([to_tree(g, pcfg) for g in groups], bcfg, current_version=learner.step,
                               max_off_policy=1 << 30, loss_slots_k=run.train.loss_slots)
         batch.device = per_process.global_batch(batch.device, learner.mesh, run.train.batch_axes)
         t0 = time.perf_counter()

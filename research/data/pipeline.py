@@ -35,15 +35,12 @@ from research.trees.builder import GroupTree, build_tree
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    row_len: int
-    num_rows: int
-    groups_per_batch: int
+    """What the grain pipeline reads: call validation, which failures are scored, tree building, shuffling.
+    (How trees become packed rows is research/rl/batches.BatchConfig.)"""
+
     vocab_size: int
-    estimator: str = "grpo"
-    aggregation: str = "token_mean"
     merge_generations: bool = True
     seed: int = 0
-    filter_groups: bool = False  # drop groups whose rollouts all got the same reward (no GRPO signal)
     # Rollouts that ended by the policy's own doing are trained on with `failure_reward` instead of being
     # dropped: dropping them would hide the failure from the advantages (RL could never learn to avoid it).
     scored_failures: tuple[str, ...] = ("timeout", "disk_limit")

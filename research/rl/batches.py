@@ -4,7 +4,7 @@ The grain iterators of research/data/pipeline.py yield validated group trees; wh
 learner's current weight version happens here, per step:
 - staleness, per group: a group whose oldest call was generated more than `max_off_policy_steps`
   versions ago is dropped and counted, never trained on;
-- group filtering (`PipelineConfig.filter_groups`, DAPO's dynamic-sampling filter): a group whose
+- group filtering (`BatchConfig.filter_groups`, DAPO's dynamic-sampling filter): a group whose
   rollouts all got the same reward has zero GRPO advantage everywhere, yet its tokens would still
   dilute a token-mean normaliser (a smaller effective step for the groups that carry signal) and feed
   the KL/entropy terms; it is dropped and counted;
@@ -18,12 +18,23 @@ import dataclasses
 
 import numpy as np
 
-from research.data.pipeline import PipelineConfig, TreeItem
+from research.data.pipeline import TreeItem
 from research.rl.objective import loss_slots
 from research.trees.batch import HOST_ONLY
 from research.trees.builder import GroupTree
 from research.trees.packing import pack_routed_experts, pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """How a step's trees become packed rows (what this module reads; the pipeline has its own config)."""
+
+    row_len: int
+    num_rows: int
+    estimator: str = "grpo"
+    aggregation: str = "token_mean"
+    filter_groups: bool = False  # drop groups whose rollouts all got the same reward (no GRPO signal)
 
 
 @dataclasses.dataclass
@@ -65,38 +76,38 @@ def has_signal(tree: GroupTree) -> bool:
     return len(rewards) > 1
 
 
-def pack(trees: list[GroupTree], pcfg: PipelineConfig) -> dict[str, np.ndarray]:
+def pack(trees: list[GroupTree], bcfg: BatchConfig) -> dict[str, np.ndarray]:
     """Advantages within (group, harness), per-node stats, best-fit packing into >= num_rows rows."""
-    advs = rollout_advantages(trees, estimator=pcfg.estimator)
-    stats = [node_stats(t, occ_adv=a, agg_name=pcfg.aggregation) for t, a in zip(trees, advs)]
-    norms = [normalizer(t, pcfg.aggregation) for t in trees]
+    advs = rollout_advantages(trees, estimator=bcfg.estimator)
+    stats = [node_stats(t, occ_adv=a, agg_name=bcfg.aggregation) for t, a in zip(trees, advs)]
+    norms = [normalizer(t, bcfg.aggregation) for t in trees]
     # Start from the fewest rows the tokens could fill (small trees share rows: 16 SFT demonstrations of
     # ~250 tokens fit 8 rows of 512, where one row per tree padded 8 empty rows and doubled the step)
     # and grow by num_rows while best-fit packing does not fit them.
-    need = sum(-(-t.num_nodes // pcfg.row_len) for t in trees)
-    least = -(-sum(t.num_nodes for t in trees) // pcfg.row_len)
-    rows = pcfg.num_rows * max(1, -(-least // pcfg.num_rows))
+    need = sum(-(-t.num_nodes // bcfg.row_len) for t in trees)
+    least = -(-sum(t.num_nodes for t in trees) // bcfg.row_len)
+    rows = bcfg.num_rows * max(1, -(-least // bcfg.num_rows))
     while True:
         try:
-            return pack_trees(trees, stats, norms, row_len=pcfg.row_len, num_rows=rows)
+            return pack_trees(trees, stats, norms, row_len=bcfg.row_len, num_rows=rows)
         except ValueError as e:
-            if rows > 16 * need + pcfg.num_rows:
+            if rows > 16 * need + bcfg.num_rows:
                 names = [f"{t.group_id}/{t.harness}" for t in trees]
                 raise ValueError(f"cannot pack groups {names}: {e}") from e
-            rows += pcfg.num_rows
+            rows += bcfg.num_rows
 
 
-def build_batch(items: list[TreeItem], pcfg: PipelineConfig, *, current_version: int, max_off_policy: int,
+def build_batch(items: list[TreeItem], bcfg: BatchConfig, *, current_version: int, max_off_policy: int,
                 loss_slots_k: int, filter_groups: bool | None = None, max_groups: int | None = None) -> StepBatch:
     """The step's batch from its sealed groups (see the module docstring); `empty` if nothing is trainable.
 
-    `filter_groups` overrides `pcfg.filter_groups` (SFT never filters); `max_groups` keeps only the first
+    `filter_groups` overrides `bcfg.filter_groups` (SFT never filters); `max_groups` keeps only the first
     groups (dynamic sampling may finish with more informative groups than a step trains on: fixed shapes)."""
     rids = set().union(*(it.rollout_ids for it in items)) if items else set()
     fresh, stale, stale_r = _fresh(items, current_version, max_off_policy)
     trees = [it.tree for it in fresh if it.tree is not None]
     filtered = 0
-    if pcfg.filter_groups if filter_groups is None else filter_groups:
+    if bcfg.filter_groups if filter_groups is None else filter_groups:
         kept = [t for t in trees if has_signal(t)]
         filtered, trees = len(trees) - len(kept), kept
     if max_groups is not None:
@@ -106,7 +117,7 @@ def build_batch(items: list[TreeItem], pcfg: PipelineConfig, *, current_version:
     if not trees:
         return StepBatch(device={}, packed={}, trees=[], trained_ids=set(), flat_tokens=0, tree_tokens=0,
                          min_version=current_version, **base)
-    packed = pack(trees, pcfg)
+    packed = pack(trees, bcfg)
     idx, valid = loss_slots(packed["count"], loss_slots_k)
     device = {k: v for k, v in packed.items() if k not in HOST_ONLY}
     device.update(loss_idx=idx, loss_valid=valid)

@@ -1,7 +1,7 @@
 """The typed run config: ONE validated, frozen view of a `configs/*.py` ConfigDict for the RL loop.
 
 Why: configs are ml_collections (command-line overridable), but the components want typed, hashable
-configs (`LossConfig`, `PipelineConfig`, `Objective`, `EngineConfig`, the runner's). Translating by hand
+configs (`LossConfig`, `PipelineConfig`, `BatchConfig`, `Objective`, `EngineConfig`, the runner's). Translating by hand
 at each use silently dropped fields (`value_clip` could never be set) and hid typos behind
 `.get(key, default)`. Here every section maps onto a dataclass: an unknown key is an error naming it,
 a missing key takes the dataclass default, and the cross-section invariants are checked once, at start:
@@ -28,6 +28,7 @@ import ml_collections
 from research import advantages, losses
 from research.data.pipeline import PipelineConfig
 from research.models import ModelConfig
+from research.rl.batches import BatchConfig
 from research.serving.scheduler import EngineConfig
 
 ALGOS = ("grpo", "ppo", "sft")
@@ -290,14 +291,15 @@ class RunConfig:
         """LM-head slots an SFT row starts from: `sft.loss_slots`, else `train.loss_slots`."""
         return self.sft.loss_slots or self.train.loss_slots
 
+    def batching(self) -> BatchConfig:
+        t, r = self.train, self.rl
+        return BatchConfig(row_len=t.row_len, num_rows=t.batch_rows, estimator=r.estimator, aggregation=r.aggregation,
+                           filter_groups=r.filter_groups and self.algo != "ppo")
+
     def pipeline(self) -> PipelineConfig:
-        t = self.train
         # a clipped value loss needs one occurrence per slot: identical generations are then not merged
         merge = not (self.algo == "ppo" and self.rl.value_clip > 0)
-        return PipelineConfig(row_len=t.row_len, num_rows=t.batch_rows, groups_per_batch=self.rollout.groups_per_step,
-                              vocab_size=self.model.vocab_size, estimator=self.rl.estimator,
-                              aggregation=self.rl.aggregation, merge_generations=merge, seed=self.seed,
-                              filter_groups=self.rl.filter_groups and self.algo != "ppo",
+        return PipelineConfig(vocab_size=self.model.vocab_size, merge_generations=merge, seed=self.seed,
                               scored_failures=self.rl.scored_failures, failure_reward=self.rl.failure_reward,
                               scored_causes=self.rl.scored_causes,
                               tamper_reward=(self.rl.failure_reward if self.rl.tamper_reward is None
