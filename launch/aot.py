@@ -4,7 +4,7 @@
     python -m launch.aot --config=configs/tiny.py
 
 Fake CPU devices must be configured before JAX creates its backend, so `--fake_devices` is applied first thing
-in main (research/train/aot.py imports JAX only inside its functions for the same reason).
+in main, before the first JAX call creates the backend (importing JAX does not).
 """
 
 import json

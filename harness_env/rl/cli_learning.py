@@ -19,8 +19,11 @@ import re
 
 import numpy as np
 
+from configs import harness_matrix
 from harness_env.harnesses.base import tight_context
 from harness_env.rl import experts
+from harness_env.rl.sweep import run_part
+from research.rl.metrics import read_metrics
 
 WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
 TARGET = "river"
@@ -66,7 +69,6 @@ experts.EXPERTS[EXPERT] = expert_reply
 def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: int = 100, rl_steps: int = 12,
            **rl):  # noqa: ANN201 - ml_collections.ConfigDict
     """The run: configs/harness_matrix.py's test size through `harness` ("a,b": mixed), the pick-word tasks."""
-    from configs import harness_matrix
 
     cfg = harness_matrix.get_config(f"{harness if ',' not in harness else 'mix'},test")
     if "," in harness:
@@ -91,7 +93,6 @@ def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: 
 
 
 def train_metrics(workdir: pathlib.Path) -> list[dict]:
-    from research.rl.metrics import read_metrics
 
     return [m for m in read_metrics(workdir) if m["kind"] == "train"]
 
@@ -100,7 +101,6 @@ def run(harness: str, root: pathlib.Path, *, sft_steps: int = 100, rl_steps: int
         seed: int = 0) -> dict:
     """SFT, then GRPO and (from the same SFT checkpoint) the negated-advantage control, under `root`; resumable
     (each part is skipped once done). Returns the per-step train rewards and the tree/engine figures."""
-    from harness_env.rl.sweep import run_part
 
     tasks = write_tasks(root / "tasks")  # idempotent: the same files on a resume
     parts = {"sft": config(harness, tasks, algo="sft", sft_steps=sft_steps),

@@ -27,9 +27,12 @@ import jax
 
 from harness_env.rl import rollouts as R
 from harness_env.rl.sft import sft_phase
+from harness_env.sandbox import get_backend
+from harness_env.tasks.validate import keep_valid
 from research.capture import RolloutResult, read_log
 from research.data.pipeline import step_stream
 from research.data.shards import seal_log
+from research.models.tokenizer import load_tokenizer
 from research.rl import batches as B
 from research.rl.config import RunConfig
 from research.rl.console import Progress
@@ -37,6 +40,8 @@ from research.rl.metrics import MetricsWriter, plot_rewards, rollout_metrics
 from research.rl.run_state import RunState
 from research.rl.sync import get_sync
 from research.rl.trainer import Learner
+from research.serving.factory import policy_engine
+from research.train import distributed
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,6 @@ def train(config, workdir: str | os.PathLike) -> dict:  # noqa: ANN001
     file in `workdir`): a mesh the devices cannot hold fails here, not after the first rollouts."""
     run = RunConfig.of(config, check=False)
     if run.distributed.enabled:  # before the first JAX call: the device count is the whole job's after it
-        from research.train import distributed
 
         # config, then env, then JAX's auto-detection (TPU pods, SLURM); process id 0 is an id, not "unset"
         distributed.initialize(dataclasses.asdict(run.distributed))
@@ -68,7 +72,6 @@ def results_of(path: pathlib.Path, ids: set[str]) -> list[RolloutResult]:
 
 class Loop:
     def __init__(self, config, workdir: pathlib.Path):  # noqa: ANN001
-        from research.models.tokenizer import load_tokenizer
 
         self.learner = Learner(config)
         self.run, self.workdir = self.learner.run, workdir
@@ -99,8 +102,6 @@ class Loop:
     async def _validate_tasks(self) -> None:
         """Leaves out the tasks whose untouched workspace errs or scores 1.0 (harness_env/tasks/validate.py);
         what was left out, and why, goes to workdir/task_validation.json and the log."""
-        from harness_env.sandbox import get_backend
-        from harness_env.tasks.validate import keep_valid
 
         backend = get_backend(self.run.rollout.backend)
         report = {}
@@ -116,7 +117,6 @@ class Loop:
         (self.workdir / "task_validation.json").write_text(json.dumps(report, indent=1))
 
     async def run_loop(self) -> dict:
-        from research.serving.factory import policy_engine
 
         self.engine = policy_engine(self.run, self.learner.params_copy(), weight_version=self.state.version)
         self.train_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok)

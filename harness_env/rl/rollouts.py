@@ -16,6 +16,7 @@ import pathlib
 import random
 from collections.abc import Sequence
 
+from harness_env.harnesses import get_harness, harness_names
 from harness_env.runner import RolloutSpec, Runner, RunnerConfig
 from harness_env.sandbox import Limits
 from harness_env.tasks import select_tasks
@@ -67,7 +68,6 @@ def task_dirs(tasks, root: pathlib.Path, split: str) -> list[pathlib.Path]:  # n
 
 def harness_weights(cfg) -> list[tuple[str, float]]:  # noqa: ANN001
     """`config.rollout.harnesses` is "name:weight,name:weight" (weight defaults to 1); names must be registered."""
-    from harness_env.harnesses import harness_names
 
     out = []
     for item in str(cfg.rollout.harnesses).split(","):
@@ -108,7 +108,6 @@ def plan_step(cfg, tasks: Sequence[pathlib.Path], step: int, tag: str = "train",
 
 
 def _supports(harness: str, task_dir: pathlib.Path) -> bool:
-    from harness_env.harnesses import get_harness
 
     return get_harness(harness).supports((task_dir / "env" / "env.json").is_file()) is None
 

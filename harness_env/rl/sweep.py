@@ -25,6 +25,11 @@ import pathlib
 import shutil
 import statistics
 
+from harness_env.rl.loop import train
+from harness_env.tasks.family import classify_answer
+from research.capture import CallRecord, RolloutResult, read_log
+from research.models.tokenizer import load_tokenizer
+from research.rl.config import override
 from research.rl.metrics import read_metrics
 
 log = logging.getLogger(__name__)
@@ -33,14 +38,12 @@ _SKIP = shutil.ignore_patterns("*.sock", "done.json", "summary.json")
 
 
 def _seed_config(config, seed: int, **overrides):  # noqa: ANN001
-    from research.rl.config import override
 
     return override(copy.deepcopy(config), {"seed": seed, **overrides})
 
 
 def run_part(cfg, workdir: pathlib.Path, source: pathlib.Path | None = None) -> None:  # noqa: ANN001
     """`launch.train`'s run in `workdir` (first a copy of `source`, made atomically), unless marked done."""
-    from harness_env.rl.loop import train
 
     if (workdir / "done.json").exists():
         return
@@ -64,9 +67,6 @@ def evals(workdir: pathlib.Path) -> list[dict]:
 def answer_forms(workdir: pathlib.Path, version: int) -> dict:
     """Counts of the make_file family's held-out answers at eval `version` by form and name (family.classify_answer):
     `cut`, `echo`, `other`, `name_ok`, and per form how many copied the name right."""
-    from harness_env.tasks.family import classify_answer
-    from research.capture import CallRecord, RolloutResult, read_log
-    from research.models.tokenizer import load_tokenizer
 
     tok, prefix = load_tokenizer(None), f"eval{version:05d}."
     params = {}

@@ -26,10 +26,15 @@ from typing import Any
 import ml_collections
 
 from research import advantages, losses
+from research.capture import ROLLOUT_STATUSES
 from research.data.pipeline import PipelineConfig
 from research.models import ModelConfig
+from research.models.config import tiny_dense
+from research.models.sharding import mesh_shape
 from research.rl.batches import BatchConfig
+from research.rl.objective import Objective
 from research.serving.scheduler import EngineConfig
+from research.train.state import model_config
 
 ALGOS = ("grpo", "ppo", "sft")
 
@@ -306,7 +311,6 @@ class RunConfig:
                                              else self.rl.tamper_reward))
 
     def objective(self):
-        from research.rl.objective import Objective
 
         return Objective(loss=self.loss(), critic="head" if self.algo == "ppo" else "none",
                          logprob_chunk=self.train.logprob_chunk, temperature=self.temperature)
@@ -334,7 +338,6 @@ def override(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_co
 
 
 def _model(node) -> ModelConfig:
-    from research.train.state import model_config
 
     try:
         return model_config({"model": node})
@@ -392,7 +395,6 @@ def _one_of(value: str, known, where: str) -> None:
 
 def mesh_sizes(mesh: dict, num_devices: int) -> dict[str, int]:
     """The mesh with its -1 axis resolved (research/models/sharding.mesh_shape); errors name config.mesh."""
-    from research.models.sharding import mesh_shape
 
     try:
         sizes = mesh_shape(mesh, num_devices)
@@ -413,7 +415,6 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
     _one_of(r.is_correction, ("none", "tis", "mis"), "config.rl.is_correction")
     _one_of(run.sync.kind, ("jax", "sglang"), "config.sync.kind")
     _one_of(ro.mode, ("sync", "async"), "config.rollout.mode")
-    from research.capture import ROLLOUT_STATUSES
 
     bad = [s for s in r.scored_failures if s not in ROLLOUT_STATUSES or s == "ok"]
     _check(not bad, f"config.rl.scored_failures: {bad} are not failure statuses; known: {ROLLOUT_STATUSES[1:]}")
@@ -467,7 +468,6 @@ def defaults() -> ml_collections.ConfigDict:
     """A ConfigDict holding every field of every section at its default (model, mesh and `rl_optim` left to
     the config file), so that config files only state what they change and every field can be overridden
     on the command line (`--config.train.minibatches=4`: ml_collections only overrides existing fields)."""
-    from research.models.config import tiny_dense
 
     base = RunConfig(model=tiny_dense())  # (the model is not part of the result)
     c = ml_collections.ConfigDict()

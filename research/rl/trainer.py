@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from research.models.hf_io import load_hf
 from research.rl import diagnostics
 from research.rl.batches import StepBatch
 from research.rl.config import RunConfig
@@ -91,7 +92,6 @@ class Learner:
         self.state, self.shardings = init_train_state(self.init, self.mesh, rules, jax.random.PRNGKey(run.seed))
         self.abstract = abstract_train_state(self.init, self.mesh, rules)
         if run.init_checkpoint:  # start from an HF checkpoint (a resumed run restores over it)
-            from research.models.hf_io import load_hf
 
             params, _ = load_hf(run.init_checkpoint, self.model_cfg, shardings=self.shardings.params)
             self.state = self.state.replace(params=params)
@@ -137,7 +137,6 @@ class Learner:
         if not self.uses_reference or self.ref_params is not None:
             return
         if self.run.rl.ref_checkpoint:
-            from research.models.hf_io import load_hf
 
             self.ref_params, _ = load_hf(self.run.rl.ref_checkpoint, self.model_cfg, shardings=self.shardings.params)
             log.info("reference policy: HF checkpoint %s", self.run.rl.ref_checkpoint)

@@ -32,13 +32,21 @@ import math
 import re
 import time
 
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from research.models.params import count_model_params
+from research.rl.config import RunConfig
+from research.rl.trainer import make_steps, state_init
+from research.train.state import abstract_train_state, make_mesh
+from research.trees import batch as fields
+
 GiB = 1024**3
 STEPS = ("grpo", "ppo", "sft")
 
 
 def _run_config(config):
     """The typed run config; model-only configs get every other section's defaults (invariants unchecked)."""
-    from research.rl.config import RunConfig
 
     return RunConfig.of(config, check=bool(config.get("rl")))
 
@@ -47,9 +55,7 @@ def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = 
     """ShapeDtypeStructs of one packed tree batch of `step` as the trainer feeds it, rows over the batch axes
     (`config.train.batch_axes`), with its loss slots (`config.train.loss_slots`; SFT: `config.sft.loss_slots`
     when set); `ref_logp` when `kl`, `old_values` for ppo, `expert_ids` [B, T, L, k] when `replay` (MoE only)."""
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from research.trees import batch as fields
 
     run = _run_config(config)
     t, m = run.train, config.model
@@ -123,10 +129,7 @@ def _with(config, *, step: str, kl: bool, num_layers: int | None, moe_impl: str 
 
 def _build(config, step: str, mesh):
     """(step fn, abstract state, model config) of `step` on `mesh`, from the trainer's own builders."""
-    import jax
 
-    from research.rl.trainer import make_steps, state_init
-    from research.train.state import abstract_train_state
 
     run = _run_config(config)
     init = state_init(run)
@@ -147,10 +150,7 @@ def aot_compile(config, *, step: str | None = None, kl: bool = False, replay: bo
     accelerators' grouped GEMM, which XLA:CPU's own lowering of `ragged_dot` inflates ~E_local-fold
     (None: the config's own kernel).
     """
-    import jax
 
-    from research.models.params import count_model_params
-    from research.train.state import make_mesh
 
     step = step or (config.algo if config.get("rl") and config.algo != "sft" else "sft")
     if step not in STEPS:
