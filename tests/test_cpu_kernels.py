@@ -149,3 +149,18 @@ def test_concurrent_calls_from_several_threads_split_work_and_agree():
         for results in pool.map(many, range(4)):
             for got in results:
                 np.testing.assert_array_equal(got, want)
+
+
+def test_the_kernels_compile_warning_free_with_the_panel_from_python(tmp_path):
+    """-Wall -Wextra -Werror (jaxlib's headers as system headers); the panel width comes from PANEL only."""
+    import subprocess
+
+    from research.models import cpu_kernels
+
+    cmd = cpu_kernels.compile_command(werror=True)
+    assert f"-DHRL_PANEL={cpu_kernels.PANEL}" in cmd
+    done = subprocess.run([*cmd, "-o", str(tmp_path / "k.so")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    no_panel = [a for a in cmd if not a.startswith("-DHRL_PANEL")]
+    done = subprocess.run([*no_panel, "-o", str(tmp_path / "k2.so")], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "HRL_PANEL" in done.stderr

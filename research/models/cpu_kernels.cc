@@ -33,7 +33,11 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int NB = 16;       // panel width (two AVX2 vectors)
+#ifndef HRL_PANEL
+#error "build with -DHRL_PANEL=<cpu_kernels.PANEL>: the panel width has one source of truth, cpu_kernels.py"
+#endif
+constexpr int NB = HRL_PANEL;  // panel width (two AVX2 vectors at 16)
+static_assert(NB == 16, "the 6x16 register tiles below assume two 8-float AVX2 vectors per panel row");
 constexpr int PREFETCH = 96; // panel rows (cache lines) ahead of the one being read
 
 // y[0:MR, n:n+16] = x[0:MR, 0:K] @ panel[K, 16]; x rows are ldx apart, y rows ldy apart. S > 1 splits the
@@ -161,7 +165,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   const int64_t P = wd[0], K = wd[1], N = yd[yd.size() - 1];
   const auto xd = x.dimensions();
   const int64_t M = N ? y->element_count() / N : 0;
-  if (xd[xd.size() - 1] != K || N > P * NB || N <= (P - 1) * NB || x.element_count() != M * K)
+  if (xd[xd.size() - 1] != K || N > P * NB || N <= (P - 1) * NB || x.element_count() != static_cast<size_t>(M * K))
     return ffi::Error::InvalidArgument("hrl_matmul: x, weight panels and result shapes disagree");
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
@@ -361,7 +365,7 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
     return ffi::Error::InvalidArgument("hrl_attend: expected q[B,T,H,D], ctx k/v[B,K,L,D], new k/v[B,K,N,D], mask[B,T,N]");
   const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], Kv = kd[1], L = kd[2], N = nd[2];
   if (kd[0] != B || kd[3] != D || nd[0] != B || nd[1] != Kv || nd[3] != D || md[0] != B || md[1] != T ||
-      md[2] != N || Kv == 0 || H % Kv || ctx_len.element_count() != B)
+      md[2] != N || Kv == 0 || H % Kv || ctx_len.element_count() != static_cast<size_t>(B))
     return ffi::Error::InvalidArgument("hrl_attend: q, key/value and mask shapes disagree");
   const float *qp = q.typed_data(), *ckp = ck.typed_data(), *cvp = cv.typed_data(), *nkp = nk.typed_data(),
               *nvp = nv.typed_data();

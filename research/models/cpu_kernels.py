@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 SOURCE = pathlib.Path(__file__).with_suffix(".cc")
-PANEL = 16  # must match NB in cpu_kernels.cc
+PANEL = 16  # the panel width; the only definition (cpu_kernels.cc is built with -DHRL_PANEL=PANEL)
 
 
 class KernelBuildError(RuntimeError):
@@ -102,13 +102,19 @@ def _compiler_version(cxx: str) -> str:
         raise KernelBuildError(f"no C++ compiler ({cxx}): {e}") from e
 
 
+def compile_command(cxx: str = "g++", *, werror: bool = False) -> list[str]:
+    """The kernels' compile line: warnings on (jaxlib's FFI headers as system headers, so only ours show)."""
+    return [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Wextra",
+            *(["-Werror"] if werror else []), f"-DHRL_PANEL={PANEL}", f"-isystem{jax.ffi.include_dir()}", str(SOURCE)]
+
+
 def build() -> pathlib.Path:
     """Compiles cpu_kernels.cc for this host (once; cached by content), returns the shared library's path."""
     cpu = _cpu_id()
     if "avx2" not in cpu or "fma" not in cpu:
         raise KernelBuildError("the CPU lacks AVX2/FMA")
     cxx = os.environ.get("CXX", "g++")
-    parts = [SOURCE.read_text(), jax.lib.__version__, cxx, _compiler_version(cxx), cpu]
+    parts = [SOURCE.read_text(), " ".join(compile_command(cxx)), jax.lib.__version__, _compiler_version(cxx), cpu]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = pathlib.Path(os.environ.get("HRL_KERNEL_CACHE", pathlib.Path.home() / ".cache/harness-rl/kernels"))
     cache.mkdir(parents=True, exist_ok=True)
@@ -120,8 +126,7 @@ def build() -> pathlib.Path:
         logging.info("compiling the CPU decode kernels into %s (once per source and host)", lib)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
-        cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w",
-               f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+        cmd = [*compile_command(cxx), "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             os.unlink(tmp)
