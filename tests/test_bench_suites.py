@@ -35,6 +35,8 @@ TINY = {
     "harness_learning": (["harnesses=codex", "sft_steps=2", "rl_steps=2"],
                          {"lift_codex", "end_codex", "steps_to_80_codex", "rollout_s_codex", "train_s_codex",
                           "tree_vs_flat_tokens", "prefill_reuse"}),
+    "viewer": (["rollouts=300", "requests=5"], {"index_s", "page_ms_p50", "static_ms_p50", "page_vs_static",
+                                                "reindex_s", "reindex_vs_full", "tree_first_ms"}),
 }
 # suite -> the test file that runs its run() (asserting its keys there)
 COVERED = {

@@ -1,0 +1,351 @@
+"""The read-only run viewer (harness_env/inspect, `python -m launch.inspect`) on a real `demo_cpu:test` run.
+
+One run per module (2 SFT steps, 2 RL steps, held-out evals after each RL step: two versions), the viewer in a
+thread on a free port, pages fetched with aiohttp and compared with what the workdir's logs say, read with the
+project's own readers (research.capture.read_log, research.trees.builder.build_tree): rollouts per step, the
+prefix tree's node and segment counts, one token span per tree node in DFS order, the held-out table's answers.
+Headless Chromium proves the page's script draws the tree, and takes screenshots of the main views
+(into docs/inspect/ with HRL_WRITE_DOCS=1).
+"""
+
+import asyncio
+import collections
+import html
+import json
+import os
+import pathlib
+import re
+import shutil
+import struct
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from harness_env.inspect.index import ANSWER_CHARS, ID_RE, WorkdirIndex, answer_of
+from harness_env.inspect.server import Background
+from harness_env.sandbox import get_backend
+from harness_env.web import browser
+from research.capture import CallRecord, RolloutResult, read_log
+from research.trees.builder import build_tree
+from research.trees.targets import rollout_advantages
+
+pytestmark = pytest.mark.slow
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "docs" / "inspect"
+GROUPS_PER_STEP, GROUP_SIZE = 2, 2  # demo_cpu:test's rollout.groups_per_step / group_size
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> pathlib.Path:
+    from configs import demo_cpu
+    from harness_env.rl.loop import train
+
+    ok, why = get_backend("bwrap").available()
+    if not ok:
+        pytest.skip(why)
+    cfg = demo_cpu.get_config("test")
+    assert (cfg.rollout.groups_per_step, cfg.rollout.group_size) == (GROUPS_PER_STEP, GROUP_SIZE)
+    cfg.sft.steps = 2
+    cfg.train.steps = 2
+    cfg.eval.update(every=1, num_tasks=2)
+    wd = tmp_path_factory.mktemp("inspect") / "run"
+    train(cfg, wd)
+    return wd
+
+
+@pytest.fixture(scope="module")
+def url(workdir):
+    with Background(workdir) as base:
+        yield base
+
+
+def get(url: str) -> tuple[int, str, str]:
+    async def go():
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            return r.status, r.headers.get("Content-Type", ""), await r.text(errors="replace")
+
+    return asyncio.run(go())
+
+
+def page(base: str, path: str) -> str:
+    status, _, body = get(base + path)
+    assert status == 200, body[-2000:]
+    return body
+
+
+def q(**kw) -> str:
+    from urllib.parse import urlencode
+
+    return urlencode(kw)
+
+
+def results(path: pathlib.Path) -> list[RolloutResult]:
+    return [r for r in read_log(path) if isinstance(r, RolloutResult)]
+
+
+def group_calls(capture: pathlib.Path) -> dict[str, list[CallRecord]]:
+    out = collections.defaultdict(list)
+    for c in read_log(capture):
+        if isinstance(c, CallRecord):
+            out[c.group_id].append(c)
+    return out
+
+
+def expected_segments(tree) -> int:
+    """Segments per harness_env/inspect/tree_view.py's definition, counted independently of it."""
+    kids = collections.Counter(int(p) for p in tree.parent if p >= 0)
+    gen, ends = tree.is_generated(), {c.end_node for c in tree.calls}
+    return sum(1 for n in range(tree.num_nodes) if tree.parent[n] < 0 or kids[int(tree.parent[n])] != 1
+               or int(tree.parent[n]) in ends or gen[n] != gen[int(tree.parent[n])])
+
+
+def test_steps_list_every_rollout_of_the_run(workdir, url):
+    train = results(workdir / "rollouts" / "results.jsonl")
+    by_step = collections.defaultdict(set)
+    for r in train:
+        by_step[int(ID_RE.match(r.rollout_id).group(2))].add(r.rollout_id)
+    assert len(by_step) == 2 and all(len(v) == GROUPS_PER_STEP * GROUP_SIZE for v in by_step.values())
+    overview = page(url, "/")
+    assert overview.count('<polyline class="series"') >= 2  # the run page's reward and pass-rate curves
+    for step, ids in by_step.items():
+        assert f'href="/step?run=.&amp;source=rollouts&amp;step={step}"' in overview
+        body = page(url, f"/rollouts?{q(source='rollouts', step=step)}")
+        listed = re.findall(r'<tr class="rollout[^"]*" data-id="([^"]+)"', body)
+        assert len(listed) == GROUPS_PER_STEP * GROUP_SIZE and set(listed) == ids
+        body = page(url, f"/step?{q(source='rollouts', step=step)}")
+        groups = re.findall(r'<tr class="group" data-group="([^"]+)"', body)
+        assert sorted(groups) == sorted({r.group_id for r in train if r.rollout_id in ids})
+    everything = page(url, "/rollouts")
+    n = sum(len(results(p)) for p in workdir.glob("**/results.jsonl"))
+    assert f"of {n} (page 1/1)" in everything and everything.count('<tr class="rollout') == n
+    ok = re.findall(r'data-id="([^"]+)"', page(url, f"/rollouts?{q(source='rollouts', status='ok', rmin=0, rmax=0)}"))
+    assert set(ok) == {r.rollout_id for r in train if r.status == "ok" and r.reward == 0.0}
+
+
+def test_group_tree_and_token_view_match_build_tree(workdir, url):
+    res = {r.rollout_id: r for r in results(workdir / "rollouts" / "results.jsonl")}
+    calls = group_calls(workdir / "capture.jsonl")
+    checked = 0
+    for gid, cs in sorted(calls.items()):
+        ok = [r for r in res.values() if r.group_id == gid and r.status == "ok"]
+        use = [c for c in cs if c.rollout_id in {r.rollout_id for r in ok} and c.status == "ok"]
+        tree = build_tree(use, ok)
+        body = page(url, f"/group?{q(source='rollouts', group=gid)}")
+        assert f'data-nodes="{tree.num_nodes}" data-segments="{expected_segments(tree)}"' in body
+        data = json.loads(re.search(r'<script type="application/json" id="tree-data">(.*?)</script>', body, re.S)[1])
+        segs = data["segments"]
+        assert len(segs) == expected_segments(tree) and sum(s["len"] for s in segs) == tree.num_nodes
+        assert sum(s["len"] for s in segs if s["gen"]) == int(tree.is_generated().sum())
+        assert max(s["calls"] for s in segs) == len(tree.calls) > 1  # the group's calls share their prompt
+        spans = re.findall(r'<span class="tok (gen|ctx)"[^>]*title="node (\d+) · id (\d+)', body)
+        assert len(spans) == tree.num_nodes  # one span per node: the tree's token count
+        assert [int(n) for _, n, _ in spans] == list(range(tree.num_nodes))
+        assert [int(t) for _, _, t in spans] == tree.tokens.tolist()
+        assert [k == "gen" for k, _, _ in spans] == tree.is_generated().tolist()
+        (adv,) = rollout_advantages([tree], estimator="grpo")
+        by_call = {ci: float(a) for ci, a in zip(tree.occ_call.tolist(), adv.tolist())}
+        own = [s for s in segs if s["gen"] and len(s["ends"]) == 1]  # a call's own completion: its rollout's adv
+        assert len(own) == len(tree.calls)
+        for s in own:
+            ci = next(i for i, c in enumerate(tree.calls) if c.end_node == s["start"] + s["len"] - 1)
+            assert s["adv"] == pytest.approx(by_call[ci], abs=1e-4)
+        checked += 1
+    assert checked == 2 * GROUPS_PER_STEP
+
+
+def test_rollout_page_shows_transcript_verifier_and_calls(workdir, url):
+    r = results(workdir / "rollouts" / "results.jsonl")[0]
+    n_calls = sum(c.rollout_id == r.rollout_id for cs in group_calls(workdir / "capture.jsonl").values() for c in cs)
+    body = page(url, f"/rollout?{q(source='rollouts', id=r.rollout_id)}")
+    transcript = r.meta["harness_meta"]["transcript"]
+    assert body.count('<div class="msg ') == len(transcript) >= 2
+    for m in transcript:
+        assert html.escape(m["content"]) in body
+    for key in r.timings:
+        assert f"<td>{key}</td>" in body
+    assert re.search(r'<table class="calls">.*?</table>', body, re.S)[0].count("<tr>") == n_calls + 1
+    assert "harness logs" in body and "logs/stdout.txt" in body
+    status, ctype, text = get(url + f"/file?{q(source='rollouts', id=r.rollout_id, path='logs/invocation.json')}")
+    assert status == 200 and ctype.startswith("text/plain") and '"argv"' in text
+    for bad in ("../../../config.json", "/etc/passwd", ""):
+        assert get(url + f"/file?{q(source='rollouts', id=r.rollout_id, path=bad)}")[0] == 404
+
+
+def test_heldout_table_shows_each_versions_final_answer(workdir, url):
+    evals = results(workdir / "eval" / "results.jsonl")
+    versions = {int(ID_RE.match(r.rollout_id).group(2)) for r in evals}
+    assert len(versions) == 2 and len(evals) == 2 * 2  # 2 tasks x 2 versions, one harness
+    body = page(url, "/heldout")
+    cells = re.findall(r'<div class="cell (pass|fail)" data-task="([^"]*)" data-harness="([^"]*)" '
+                       r'data-version="(\d+)" data-id="([^"]*)">.*?<div class="ans">(.*?)</div></div>', body, re.S)
+    assert len(cells) == len(evals)
+    by_id = {r.rollout_id: r for r in evals}
+    for verdict, task, harness, version, rid, ans in cells:
+        r = by_id[html.unescape(rid)]
+        assert (html.unescape(task), html.unescape(harness)) == (r.meta["task_id"], r.harness)
+        assert int(version) == int(ID_RE.match(r.rollout_id).group(2))
+        assert verdict == ("pass" if r.success() else "fail")
+        final = r.meta.get("final_message") or ""
+        assert html.unescape(ans) == (final[:ANSWER_CHARS] if final.strip() else answer_of(r.meta))
+    assert [f"<th>v{v}</th>" in body for v in sorted(versions)] == [True, True]
+
+
+def test_metrics_curves_have_a_point_per_record(workdir, url):
+    recs = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    body = page(url, "/metrics")
+    reward = re.search(r"<figcaption>reward</figcaption>(.*?)</figure>", body, re.S)[1]
+    points = dict(re.findall(r'data-name="([^"]+)" data-points="(\d+)"', reward))
+    assert int(points["train"]) == sum(r["kind"] == "train" for r in recs) == 2
+    assert int(points["held-out"]) == sum(r["kind"] == "eval" for r in recs) == 2
+    extra = page(url, f"/metrics?{q(key='train:tree_s')}")
+    assert "<figcaption>train: tree_s</figcaption>" in extra
+
+
+def test_errors_are_precise_pages(url):
+    status, _, body = get(url + f"/rollout?{q(source='rollouts', id='no.such.rollout')}")
+    assert status == 404 and "no.such.rollout" in body
+    status, _, body = get(url + f"/run?{q(run='elsewhere')}")
+    assert status == 404 and "elsewhere" in body
+    status, _, body = get(url + f"/rollouts?{q(rmin='high')}")
+    assert status == 400 and "rmin" in body
+    status, _, body = get(url + "/no/such/page")
+    assert status == 404 and "/no/such/page" in body
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        WorkdirIndex("/nonexistent/run")
+    r = subprocess.run([sys.executable, "-m", "launch.inspect", "--workdir=/nonexistent/run", "--port=0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "workdir /nonexistent/run does not exist" in r.stderr, r.stderr[-2000:]
+
+
+def test_viewer_follows_appended_lines_and_never_writes(workdir, tmp_path):
+    """A copy of the run whose results arrive while the viewer is up; a torn last line waits for its newline."""
+    run = tmp_path / "live"
+    shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("checkpoints", "shards", "*.sock", "tb"))
+    lines = (workdir / "rollouts" / "results.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "rollouts" / "results.jsonl").write_bytes(b"".join(lines[:2]))
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    with Background(run) as base:
+        count = lambda: page(base, f"/rollouts?{q(source='rollouts')}").count('<tr class="rollout')
+        assert count() == 2
+        with open(run / "rollouts" / "results.jsonl", "ab") as f:
+            f.write(b"".join(lines[2:-1]) + lines[-1][:40])  # the last one torn
+        assert count() == len(lines) - 1
+        with open(run / "rollouts" / "results.jsonl", "ab") as f:
+            f.write(lines[-1][40:])
+        assert count() == len(lines)
+        grown = run / "rollouts" / "results.jsonl"
+        gid = results(grown)[0].group_id
+        for p in ["/", "/rollouts", "/heldout", "/metrics", f"/group?{q(source='rollouts', group=gid)}"]:
+            page(base, p)
+        after = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    assert {p: v for p, v in after.items() if p != grown} == {p: v for p, v in before.items() if p != grown}
+
+
+def _chromium(*args: str, timeout: int = 90) -> subprocess.CompletedProcess:
+    ok, why = browser.chromium_available()
+    if not ok:
+        pytest.skip(why)
+    profile = f"/tmp/hrl-inspect-chromium-{os.getpid()}"
+    cmd = [browser.CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           f"--user-data-dir={profile}", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_chromium_draws_the_tree_from_the_pages_script(workdir, url):
+    res = results(workdir / "rollouts" / "results.jsonl")
+    gid = res[0].group_id
+    tree = build_tree([c for c in group_calls(workdir / "capture.jsonl")[gid] if c.status == "ok"],
+                      [r for r in res if r.group_id == gid])
+    path = f"/group?{q(source='rollouts', group=gid)}"
+    assert 'class="tnode' not in page(url, path)  # the served HTML has no nodes: the script must draw them
+    dom = _chromium("--dump-dom", url + path).stdout
+    nodes = re.findall(r'<div class="tnode (gen|ctx)" data-seg="(\d+)" data-tokens="(\d+)"', dom)
+    assert len(nodes) == expected_segments(tree) and sum(int(n) for *_, n in nodes) == tree.num_nodes
+    assert f"{len(nodes)} segments drawn, {tree.num_nodes} token nodes" in dom
+
+
+def test_screenshots_of_the_main_views(workdir, url, tmp_path):
+    """Into tmp_path; HRL_WRITE_DOCS=1 writes them to docs/inspect/ (the README's pictures) instead."""
+    r = results(workdir / "rollouts" / "results.jsonl")[0]
+    shots = SHOTS if os.environ.get("HRL_WRITE_DOCS") == "1" else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    views = {"overview": "/", "rollout": f"/rollout?{q(source='rollouts', id=r.rollout_id)}",
+             "tree": f"/group?{q(source='rollouts', group=r.group_id)}", "heldout": "/heldout"}
+    for name, path in views.items():
+        out = shots / f"{name}.png"
+        out.unlink(missing_ok=True)
+        _chromium(f"--screenshot={out}", "--window-size=1280,900", "--hide-scrollbars", url + path)
+        data = out.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (1280, 900), name
+        assert len(data) > 20_000, f"{name}: {len(data)} bytes, a blank page?"
+
+
+def test_large_run_is_paginated_and_reindexed_by_appended_bytes(tmp_path, monkeypatch):
+    """The bench's synthetic run (two-call rollouts whose second prompt is a prompt_ref), two of them side by side."""
+    from harness_env.benchmarks.viewer import GROUPS_PER_STEP as G
+    from harness_env.benchmarks.viewer import SyntheticRun
+    from harness_env.inspect import index as I
+
+    runs = [SyntheticRun(tmp_path / name, group_size=4, prompt=40, completion=8, seed=i)
+            for i, name in enumerate(["a", "b"])]
+    for w in runs:
+        for s in range(8):
+            w.step(s)
+        w.evals(tasks=8, versions=[0, 8])
+    n = 8 * G * 4
+    out = tmp_path / "c_eval_out"  # a launch.eval --out dir: results.jsonl and capture.jsonl side by side
+    out.mkdir()
+    shutil.copy(tmp_path / "a" / "eval" / "results.jsonl", out / "results.jsonl")
+    shutil.copy(tmp_path / "a" / "eval_capture.jsonl", out / "capture.jsonl")
+    rid = results(tmp_path / "a" / "rollouts" / "results.jsonl")[0].rollout_id
+    shot = tmp_path / "a" / "rollouts" / "rollouts" / rid / "logs" / "home" / ".hrl" / "screenshots" / "step_000.png"
+    shot.parent.mkdir(parents=True)
+    shot.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with Background(tmp_path) as base:
+        assert re.findall(r'href="/run\?run=(\w+)"', page(base, "/")) == ["a", "b", "c_eval_out"]  # a folder of runs
+        body = page(base, f"/heldout?{q(run='c_eval_out')}")
+        assert body.count('<div class="cell ') == 2 * 8
+        assert page(base, f"/heldout?{q(run='a', versions='8')}").count('<div class="cell ') == 8
+        evals = results(tmp_path / "a" / "eval" / "results.jsonl")
+        verdicts = collections.defaultdict(set)
+        for r in evals:
+            verdicts[r.meta["task_id"]].add(r.success())
+        changed = re.findall(r'<tr><td>(held\d+)</td>', page(base, f"/heldout?{q(run='a', changed=1)}"))
+        assert changed == sorted(t for t, v in verdicts.items() if len(v) > 1) and 0 < len(changed) < 8
+        body = page(base, f"/group?{q(run='c_eval_out', source='.', group='eval00008/held001/reference')}")
+        assert 'id="tree-data"' in body
+        body = page(base, f"/rollout?{q(run='a', source='rollouts', id=rid)}")
+        src = html.unescape(re.search(r'<img class="shot" alt="[^"]*" src="([^"]+)"', body)[1])
+        status, ctype, _ = get(base + src)
+        assert status == 200 and ctype == "image/png"
+        sizes = [page(base, f"/rollouts?{q(run='a', source='rollouts', page=p)}").count('<tr class="rollout')
+                 for p in range(3)]
+        assert sizes == [50, 50, n - 100]
+        assert get(base + f"/rollouts?{q(run='a', page=3)}")[0] == 200  # past the end: an empty page
+        train = results(tmp_path / "a" / "rollouts" / "results.jsonl")
+        for flt, want in [(dict(status="ok", rmin=0.5), lambda r: r.status == "ok" and r.reward >= 0.5),
+                          (dict(status="timeout"), lambda r: r.status == "timeout"),
+                          (dict(task="task01", rmax=0.5), lambda r: "task01" in r.group_id and r.reward is not None
+                           and r.reward <= 0.5)]:
+            body = page(base, f"/rollouts?{q(run='a', source='rollouts', **flt)}")
+            n_want = sum(map(want, train))
+            assert 0 < n_want < n and (f" of {n_want} (page" in body), flt
+        gid = "train00002/task009/reference"
+        tree = build_tree([c for c in group_calls(tmp_path / "a" / "capture.jsonl")[gid]],
+                          [r for r in results(tmp_path / "a" / "rollouts" / "results.jsonl") if r.group_id == gid])
+        assert len(tree.calls) == 2 * 4  # both calls of each rollout, prompt_refs resolved
+        body = page(base, f"/group?{q(run='a', source='rollouts', group=gid)}")
+        assert f'data-nodes="{tree.num_nodes}" data-segments="{expected_segments(tree)}"' in body
+        assert len(re.findall(r'<span class="tok ', body)) == tree.num_nodes
+        parsed = []
+        real = I.parse_result
+        monkeypatch.setattr(I, "parse_result", lambda line, off, src: parsed.append(off) or real(line, off, src))
+        old_size = (tmp_path / "a" / "rollouts" / "results.jsonl").stat().st_size
+        runs[0].step(8)  # one more step while the viewer runs: only its lines are read
+        assert f"of {n + G * 4} " in page(base, f"/rollouts?{q(run='a', source='rollouts')}")
+        assert len(parsed) == G * 4 and min(parsed) == old_size
