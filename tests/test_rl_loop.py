@@ -108,10 +108,12 @@ def test_sft_warm_start_then_ppo(tmp_path, parity_tasks, monkeypatch):
     cfg.eval.update(sft_every=1, num_tasks=1)  # a held-out eval after SFT step 1 (not after the last one)
     cfg.train.update(steps=3)
     wd = tmp_path / "run"
+    t0 = time.monotonic()
     summary = train(cfg, wd)
+    wall = time.monotonic() - t0
     evals = _records(wd, "eval")
     assert [r["step"] for r in evals] == [1] and evals[0]["eval/all/count"] == 1
-    assert 0 < evals[0]["eval/elapsed_min"] < 10
+    assert 0 < evals[0]["eval/elapsed_min"] * 60 <= wall  # the run's work time so far: within this call's time
     assert summary == {**summary, "version": 5, "rl_step": 3, "sft_step": 2}
     # the value head starts at zero and only PPO steps train it (SFT leaves the critic untouched)
     from research.rl.trainer import Learner
