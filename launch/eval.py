@@ -18,6 +18,8 @@
   sglang:URL        a running SGLang server (token ids in and out),
   openai:URL        any OpenAI-compatible /v1/completions server that returns token ids (vLLM-style).
 Writes OUT/results.jsonl, OUT/capture.jsonl, OUT/report.{txt,json,csv,png}; a re-run resumes.
+--inspect_log=FILE.eval (or a dir): also an Inspect AI eval log, for `inspect view` (pip install harness-rl[inspect];
+  an existing OUT: python -m harness_env.eval.inspect_log --results=OUT --out=FILE.eval).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ _POLICIES = flags.DEFINE_list("policies", [], "NAME=WORKDIR,...: the transfer ma
                                "--endpoint: each launch.train run's latest checkpoint under every --harness")
 _MAX_LEN = flags.DEFINE_integer("max_len", 0, "--endpoint=jax: longest prompt + completion per slot (0: sized "
                                 "to the harnesses' first requests, harnesses.base.context_for)")
+_INSPECT = flags.DEFINE_string("inspect_log", None, "also write the run as an Inspect AI log: a .eval/.json file "
+                               "or a dir (harness_env/eval/inspect_log.py; not with --policies)")
 
 
 def main(argv):
@@ -71,6 +75,8 @@ def main(argv):
     except ValueError as e:  # TaskError: unknown split, no such dir
         raise app.UsageError(str(e)) from e
     if _POLICIES.value:
+        if _INSPECT.value:
+            raise app.UsageError("--inspect_log exports one run: not with --policies")
         print(_matrix(tasks, tok, out, cfg))
         return
     try:
@@ -80,7 +86,8 @@ def main(argv):
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     doc = asyncio.run(evaluate(tasks=tasks, harnesses=_HARNESS.value, k=_K.value, engine=engine, tok=tok, out=out,
-                               cfg=cfg, threshold=_THRESHOLD.value, close_engine=True))
+                               cfg=cfg, threshold=_THRESHOLD.value, close_engine=True,
+                               inspect_log=pathlib.Path(_INSPECT.value) if _INSPECT.value else None))
     print(doc["paths"]["txt"].read_text())
     print("report: " + " ".join(str(p) for p in doc["paths"].values()))
 

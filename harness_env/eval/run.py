@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import tempfile
@@ -43,12 +44,16 @@ def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | 
 
 
 async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, engine, tok, out: pathlib.Path,
-                   cfg: RunnerConfig, threshold: float = 1.0, close_engine: bool = False) -> dict:
+                   cfg: RunnerConfig, threshold: float = 1.0, close_engine: bool = False,
+                   inspect_log: pathlib.Path | None = None) -> dict:
     """Runs (or resumes) the rollouts, then writes the report; returns the report's JSON document paths.
     `close_engine`: the engine is closed before returning (a launcher's own engine: a JAX engine's serving thread
-    still inside XLA when the interpreter exits aborts the process, rc 134, after the report was written)."""
+    still inside XLA when the interpreter exits aborts the process, rc 134, after the report was written).
+    `inspect_log`: also export the run as an Inspect AI eval log there (harness_env/eval/inspect_log.py)."""
     from research.shim.server import ShimServer
 
+    if inspect_log is not None:  # an optional extra: a missing inspect_ai fails here, not after the rollouts
+        from harness_env.eval import inspect_log as inspect_export
     out.mkdir(parents=True, exist_ok=True)
     capture = CaptureLog(out / "capture.jsonl")
     sock = pathlib.Path(tempfile.gettempdir()) / f"hrl-shim-{os.getpid()}.sock"  # AF_UNIX paths: <108 bytes
@@ -74,4 +79,7 @@ async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, e
         if web["rollouts"]:
             behaviour.setdefault(h, {})["web"] = web
     paths = report.write_report(out, rows, ks, behaviour, {"harnesses": harnesses, "tasks": len(tasks)})
+    if inspect_log is not None:  # in a thread: inspect_ai's writer runs its own event loop
+        paths["inspect"] = await asyncio.to_thread(inspect_export.export, out, inspect_log, tok=tok,
+                                                   threshold=threshold)
     return {"rows": rows, "behaviour": behaviour, "paths": paths}
