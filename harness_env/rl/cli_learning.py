@@ -34,6 +34,11 @@ cd "$(dirname "$0")/.." || exit 1
 if [ -f out.txt ] && [ "$(tr -d '[:space:]' < out.txt)" = "{TARGET}" ]; then echo 1.0; else echo 0.0; fi
 """
 RL_LR = 1e-3
+# demonstrations merged into one SFT step's tree. Claude Code's first request puts ~2.1k tokens of per-session
+# context (its environment block) after the task line, so 16 merged demonstrations are a 9.5k shared prefix plus
+# 16 x 2.1k tails: 44k tokens that a 13k row holds only as pieces, each with a copy of the prefix (measured 35 s
+# per SFT step vs Codex's 4 s). 4 per step keep each step near one row.
+SFT_DEMOS_PER_STEP = {"claude_code": 4}
 _QUERY = re.compile(r"Write one word into out\.txt \((\d+)\)\.")
 
 
@@ -84,7 +89,8 @@ def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: 
     cfg.rl_optim.update(learning_rate=RL_LR)
     cfg.rl.update(**{"kl_coef": 0.1, **rl})
     # every demonstration in every SFT step: merged into one tree, 16 cost about what 1 does (the CLI's prompt)
-    cfg.sft.update(steps=sft_steps, groups_per_step=16, num_demos=-1, expert=EXPERT, min_reward=0.0)
+    per_step = min(SFT_DEMOS_PER_STEP.get(h, 16) for h in harness.split(","))
+    cfg.sft.update(steps=sft_steps, groups_per_step=per_step, num_demos=-1, expert=EXPERT, min_reward=0.0)
     cfg.rollout.update(groups_per_step=4, group_size=4, max_turns=3, temperature=1.0)
     cfg.train.update(steps=rl_steps)
     cfg.checkpoint.update(every=6)
