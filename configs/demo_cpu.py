@@ -75,7 +75,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         mode="sync", max_off_policy_steps=1, lookahead=1,
         harnesses="reference_bash",  # "name:weight,..." e.g. "reference_bash:1,claude_code:1"
         groups_per_step=4, group_size=8, backend="bwrap", concurrency=4, timeout_s=120, reward_timeout_s=30,
-        infra_retries=2, max_turns=3, max_extra_rounds=1, sandbox_cpus=1.0, sandbox_memory_mb=1024, progress=False,
+        infra_retries=2, max_turns=3, max_extra_rounds=1, sandbox_cpus=1.0, sandbox_memory_mb=1024, progress=True,
         fsync=True, enable_thinking=False, max_new_tokens=48, temperature=1.0, top_p=1.0)
     # the serving context bounds a rollout path, which must fit one packed row (row_len)
     config.engine.update(num_slots=4, max_len=512, prefill_chunk=256)

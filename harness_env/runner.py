@@ -26,6 +26,7 @@ import math
 import pathlib
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -552,6 +553,8 @@ def _transcript(task: Task, outcome) -> list[dict]:
 
 
 def _progress(total: int, enabled: bool):
+    """A rollout bar on a terminal only: in a log file (CI, nohup) one redrawn bar per batch is noise."""
     from tqdm import tqdm
 
-    return tqdm(total=total, disable=not enabled, desc="rollouts", unit="rollout", dynamic_ncols=True)
+    return tqdm(total=total, disable=not enabled or not sys.stderr.isatty(), desc="rollouts", unit="rollout",
+                dynamic_ncols=True, leave=False)
