@@ -87,8 +87,9 @@ async def _run(config, *, steps: int, sign: float, target: int, new_tokens: int,
             seal_log(workdir / "capture.jsonl", workdir / "shards", key=f"s{step}")
             batch = B.build_batch(next(stream).items, run.batching(), current_version=step, max_off_policy=0,
                                   loss_slots_k=run.train.loss_slots)
-            if not batch.empty:  # a renamed metric must fail here, not read as 0 (engine == trainer)
-                maxdiff = max(maxdiff, learner.train(batch)["behav_logp_maxdiff"])
+            m = learner.train(batch) if not batch.empty else {"skipped": 1.0}
+            if not m["skipped"]:  # a step ran: a renamed metric must fail here, not read as 0 (engine == trainer)
+                maxdiff = max(maxdiff, m["behav_logp_maxdiff"])
             await get_sync("jax")(engine, learner, step + 1, workdir)
     finally:
         log.close()
