@@ -100,7 +100,8 @@ def _problems(doc: str) -> list[str]:
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_citation_exists(doc):
-    assert not _problems(doc), _problems(doc)
+    bad = _problems(doc)
+    assert not bad, bad
 
 
 def test_the_map_is_a_map():

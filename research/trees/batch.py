@@ -64,8 +64,6 @@ FIELDS: tuple[Field, ...] = (
     Field("expert_ids", "int32", "BTLk", STEP, pad=-1, doc="MoE routing replay: the engine's routed experts"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
-# the PPO statistics the trainer recomputes after its value pass
-PPO_STATS = ("old_values",)
 
 
 def names(*roles: str) -> tuple[str, ...]:
@@ -76,8 +74,9 @@ def names(*roles: str) -> tuple[str, ...]:
 STAT_FIELDS = tuple(n for n in names(STAT) if n != "behav_logp")  # targets.node_stats' outputs
 ROW_FIELDS = names(MODEL, TREE, STAT, HOST)  # what packing writes (norm is per row)
 MODEL_KEYS = names(MODEL)
-SLOT_FIELDS = names(STAT) + ("old_values", "ref_logp", "old_logp")  # read at the loss slots when present
-PPO_FIELDS = STAT_FIELDS + PPO_STATS
+# read at the loss slots when present: the statistics and the per-step [B, T] fields (not expert_ids)
+SLOT_FIELDS = names(STAT) + tuple(n for n in names(STEP) if BY_NAME[n].shape == "BT")
+PPO_FIELDS = STAT_FIELDS + ("old_values",)  # what the trainer recomputes after its value pass
 HOST_ONLY = names(HOST)
 DEVICE_ROW_FIELDS = names(MODEL, TREE, STAT)  # packed rows as they go to devices
 
