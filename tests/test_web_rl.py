@@ -20,16 +20,21 @@ from research.capture import CallRecord, RolloutResult, read_log
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
 
-def _policy(tasks, tok):
-    """Alternates right / wrong per session (one rollout = one session): right plans and the make_file oracle,
-    else the wrong web plan and the imperfect make_file expert."""
+def _policy(tasks, tok, queries):
+    """Right / wrong alternating per task (one rollout = one session; the order in which the sessions of a task
+    open, not of all sessions, which concurrent groups interleave): right plans and the make_file oracle, else the
+    wrong web plan and the imperfect make_file expert."""
     from research.serving.replay import ReplayEngine
 
-    right, wrong, seen = WebOracle(tasks), WebOracle(tasks, wrong=True), {}
+    right, wrong, seen, starts = WebOracle(tasks), WebOracle(tasks, wrong=True), {}, {}
 
     def reply(req) -> str:  # noqa: ANN001
-        good = seen.setdefault(req.session_id, len(seen) % 2 == 0)
         prompt = tok.decode(list(req.prompt_ids))
+        if req.session_id not in seen:  # the n-th session to open on its task (each task is one group a step):
+            task = next((q for q in queries if q in prompt), "")  # right if n is even, so a group's two
+            starts[task] = starts.get(task, -1) + 1  # rollouts differ however the groups' sessions interleave
+            seen[req.session_id] = starts[task] % 2 == 0
+        good = seen[req.session_id]
         web = (right if good else wrong).reply(prompt)
         if web is not None:
             return web
@@ -58,6 +63,7 @@ def test_mix_harness_step_on_web_and_cli_tasks(tmp_path, monkeypatch):
     mistaken = [(n, w) for n, w in family.pairs("all") if family.literal_mistake(n, w)][:2]  # the imperfect
     for name, word in mistaken:  # expert errs on these (0.3 instead of 1.0)
         family.write_task(src, name, word)
+    queries = [json.loads((d / "data_entry.json").read_text())["user_query"] for d in src.iterdir()]
     cfg = demo_cpu.get_config("test")
     cfg.tasks.update(source="dir", train_dir=str(src), eval_dir=str(src))
     cfg.rollout.update(harnesses="reference_bash:1,browser_use:1", groups_per_step=4, group_size=2, concurrency=2,
@@ -66,7 +72,7 @@ def test_mix_harness_step_on_web_and_cli_tasks(tmp_path, monkeypatch):
     cfg.model.update(attention_impl="blockwise")  # O(T) memory at 16k-token rows (the demo's "reference" is T^2)
     cfg.eval.update(every=0, at_start=False)
     tok = load_tokenizer(cfg.tokenizer_dir or None)
-    monkeypatch.setattr(factory, "policy_engine", lambda run, params, weight_version: _policy(web, tok))
+    monkeypatch.setattr(factory, "policy_engine", lambda run, params, weight_version: _policy(web, tok, queries))
     wd = tmp_path / "run"
     summary = train(cfg, wd)
     assert summary["rl_step"] == 1 and summary["optimizer_steps"] == 1

@@ -40,7 +40,7 @@ from research.rl.metrics import MetricsWriter, plot_rewards, rollout_metrics
 from research.rl.run_state import RunState
 from research.rl.sync import get_sync
 from research.rl.trainer import Learner
-from research.serving.factory import policy_engine
+from research.serving import factory  # factory.policy_engine: the seam tests put a scripted policy in
 from research.train import distributed
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Loop:
 
     async def run_loop(self) -> dict:
 
-        self.engine = policy_engine(self.run, self.learner.params_copy(), weight_version=self.state.version)
+        self.engine = factory.policy_engine(self.run, self.learner.params_copy(), weight_version=self.state.version)
         self.train_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok)
         self.eval_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok, name="eval",
                                               capture_path=self.workdir / "eval_capture.jsonl",
