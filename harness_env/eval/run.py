@@ -8,8 +8,9 @@ import pathlib
 import tempfile
 
 from harness_env.eval import analytics, metrics, report
+from harness_env.rl.experts import harness_of_prompt, readdress
 from harness_env.runner import Runner, RunnerConfig, plan
-from harness_env.tasks import family
+from harness_env.tasks import family, relay
 from harness_env.tasks.select import parse_spec, select_tasks
 from research.capture import CaptureLog, RolloutResult, read_log
 
@@ -29,8 +30,9 @@ def task_dirs(spec: str, scratch: pathlib.Path, *, split: str | None = None, lim
 def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | None = None,  # noqa: ANN001
                  tasks: list[pathlib.Path] | None = None):
     """The engine for an endpoint spec (research/serving/factory.py), plus `oracle`: a scripted engine that
-    solves the make_file family and the web tasks among `tasks` (their solution/plan.json, through whichever
-    browser harness runs them: harness_env/web/policy.py) - a pipeline check."""
+    solves the make_file and relay families (through any CLI's own shell tool) and the web tasks among `tasks`
+    (their solution/plan.json, through whichever browser harness runs them: harness_env/web/policy.py) - a
+    pipeline check."""
     from harness_env.web.policy import WebOracle
     from research.serving.factory import build_engine as build
 
@@ -38,7 +40,10 @@ def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | 
 
     def oracle(prompt: str) -> str:
         out = web.reply(prompt)
-        return out if out is not None else family.oracle_reply(prompt)
+        if out is not None:
+            return out
+        reply = relay.oracle_reply(prompt) if relay.is_task(prompt) else family.oracle_reply(prompt)
+        return readdress(reply, harness_of_prompt(prompt))  # the shell call in the asking CLI's own tool
 
     return build(endpoint, tok, max_len=max_len, max_context=max_context, scripts={"oracle": oracle})
 

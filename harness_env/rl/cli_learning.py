@@ -33,12 +33,6 @@ REWARD_SH = f"""#!/bin/bash
 cd "$(dirname "$0")/.." || exit 1
 if [ -f out.txt ] && [ "$(tr -d '[:space:]' < out.txt)" = "{TARGET}" ]; then echo 1.0; else echo 0.0; fi
 """
-RL_LR = 1e-3
-# demonstrations merged into one SFT step's tree. Claude Code's first request puts ~2.1k tokens of per-session
-# context (its environment block) after the task line, so 16 merged demonstrations are a 9.5k shared prefix plus
-# 16 x 2.1k tails: 44k tokens that a 13k row holds only as pieces, each with a copy of the prefix (measured 35 s
-# per SFT step vs Codex's 4 s). 4 per step keep each step near one row.
-SFT_DEMOS_PER_STEP = {"claude_code": 4}
 _QUERY = re.compile(r"Write one word into out\.txt \((\d+)\)\.")
 
 
@@ -73,28 +67,24 @@ experts.EXPERTS[EXPERT] = expert_reply
 
 def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: int = 100, rl_steps: int = 12,
            **rl):  # noqa: ANN201 - ml_collections.ConfigDict
-    """The run: configs/harness_matrix.py's test size through `harness` ("a,b": mixed), the pick-word tasks."""
+    """The run: configs/harness_matrix.py's recipe through `harness` ("a,b": mixed) on the pick-word tasks, no
+    held-out evals (the tasks have no held-out split), the window the CLI's first call needs (no path room: the
+    pick-word path is one call and a short answer)."""
 
-    cfg = harness_matrix.get_config(f"{harness if ',' not in harness else 'mix'},test")
+    cfg = harness_matrix.get_config(harness if "," not in harness else "mix")
     if "," in harness:
         cfg.rollout.harnesses = ",".join(f"{h}:1" for h in harness.split(","))
+        cfg.sft.groups_per_step = min(harness_matrix.SFT_DEMOS_PER_STEP.get(h, 16) for h in harness.split(","))
     cfg.algo = algo
     # fixed per CLI: the CLI shapes its prompt by the window it is told, so SFT, RL and eval share one
     cfg.engine.max_len = cfg.train.row_len = tight_context(harness.split(","))
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
-    cfg.model.update(embedding_init_std=0.2)
-    cfg.optim.update(learning_rate=4e-3, warmup_steps=0)
-    # at 2e-3 (the reference-agent word test's rate) one GRPO step broke the ~27-token call the failing rollouts
-    # share (kl_old_new 0.54, every later call malformed); a KL penalty to the SFT policy keeps the format
-    cfg.rl_optim.update(learning_rate=RL_LR)
-    cfg.rl.update(**{"kl_coef": 0.1, **rl})
-    # every demonstration in every SFT step: merged into one tree, 16 cost about what 1 does (the CLI's prompt)
-    per_step = min(SFT_DEMOS_PER_STEP.get(h, 16) for h in harness.split(","))
-    cfg.sft.update(steps=sft_steps, groups_per_step=per_step, num_demos=-1, expert=EXPERT, min_reward=0.0)
-    cfg.rollout.update(groups_per_step=4, group_size=4, max_turns=3, temperature=1.0)
+    cfg.rl.update(**rl)
+    cfg.sft.update(steps=sft_steps, expert=EXPERT)
+    cfg.rollout.update(max_turns=3)
+    cfg.eval.update(every=0, at_start=False, after_sft=False, samples=1, temperature=0.0)
     cfg.train.update(steps=rl_steps)
     cfg.checkpoint.update(every=6)
-    cfg.metrics.update(tensorboard=False, plot_every=1000)
     return cfg
 
 

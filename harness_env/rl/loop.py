@@ -6,8 +6,8 @@
      bounded staleness) -> one keyed seal -> the grain stream's next batch -> the RL update -> weights to
      the engine. With `rl.filter_groups` and `rollout.max_extra_rounds`, a step whose groups carry too
      little signal samples more groups first (DAPO dynamic sampling).
-  Held-out evaluation (greedy) before training, every `eval.sft_every` SFT steps, after SFT and every
-  `eval.every` RL steps.
+  Held-out evaluation (greedy, or `eval.samples` per task at `eval.temperature`) before training, every
+  `eval.sft_every` SFT steps, after SFT and every `eval.every` RL steps.
 
 Durability: see research/rl/run_state.py. The policy version (SFT + RL steps done) tags the engine's
 generations, the checkpoint steps and the metrics.
@@ -122,7 +122,7 @@ class Loop:
         self.train_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok)
         self.eval_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok, name="eval",
                                               capture_path=self.workdir / "eval_capture.jsonl",
-                                              sampling={"temperature": 0.0})
+                                              sampling={"temperature": self.run.eval.temperature})
         self.train_tasks = R.task_dirs(self.run.tasks, self.workdir, "train")
         self.eval_tasks = R.task_dirs(self.run.tasks, self.workdir, "heldout")
         if self.run.tasks.validate:

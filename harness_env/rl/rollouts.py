@@ -122,10 +122,12 @@ def groups_with_signal(results: Sequence[RolloutResult]) -> int:
 
 
 def plan_eval(cfg, tasks: Sequence[pathlib.Path], step: int) -> list[StepSpec]:
-    """One greedy sample per held-out task and harness (eval ids are tagged "eval" + the step)."""
+    """`eval.samples` rollouts per held-out task and harness (one greedy one by default; sampled at
+    `eval.temperature` otherwise); eval ids are tagged "eval" + the step."""
     n = cfg.eval.num_tasks
     chosen = list(tasks)[:n] if n and n > 0 else list(tasks)
-    return [StepSpec(pathlib.Path(t), h, 0, step=step, tag="eval") for t in chosen for h, _ in harness_weights(cfg)]
+    return [StepSpec(pathlib.Path(t), h, k, step=step, tag="eval") for t in chosen for h, _ in harness_weights(cfg)
+            for k in range(cfg.eval.samples)]
 
 
 class RolloutService:

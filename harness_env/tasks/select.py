@@ -1,7 +1,8 @@
 """Which tasks a run uses: the one task-selection function behind `launch.eval` and the RL loop.
 
 A source is `library` (ours), `make_file` / `family` (the generated make_file family), `web` (the generated
-web task family: 14 templates x 10 variants, its own split by variant), or a folder of
+web task family: 14 templates x 10 variants, its own split by variant), `relay` (the two-call family that CLIs
+learn through, split by task number), or a folder of
 ClawGym-format tasks (e.g. ../shared/clawgym/train, 2000 real tasks). A folder is split into train /
 held-out by a seeded hash of each task's folder name: stable when tasks are added or removed, different
 for another seed, and independent of the order anything is listed in. The family keeps its own split
@@ -16,13 +17,15 @@ import hashlib
 import pathlib
 import random
 
-from harness_env.tasks import family, web_family
+from harness_env.tasks import family, relay, web_family
 from harness_env.tasks.loader import TaskError, discover
 
 LIBRARY = pathlib.Path(__file__).with_name("library")
 SPLITS = ("all", "train", "heldout")
 FAMILY = ("make_file", "family")
 WEB = "web"  # the web task family (harness_env/tasks/web_family.py), generated like the make_file family
+RELAY = "relay"  # the two-call relay family (harness_env/tasks/relay.py), split by task number
+_GENERATED = {"make_file": family, "family": family, WEB: web_family, RELAY: relay}
 
 
 def split_of(name: str, *, seed: int = 0, heldout_fraction: float = 0.1) -> str:
@@ -43,12 +46,13 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
         raise TaskError(f"split {split!r} not in {SPLITS}")
     if not 0.0 <= heldout_fraction <= 1.0:
         raise TaskError(f"heldout_fraction {heldout_fraction} not in [0, 1]")
-    if source in (*FAMILY, WEB):
+    if source in _GENERATED:
         if scratch is None:
             raise TaskError(f"the {source} family needs a scratch dir to be generated into")
-        out = pathlib.Path(scratch) / ("web_tasks" if source == WEB else "tasks") / split
+        sub = {WEB: "web_tasks", RELAY: "relay_tasks"}.get(source, "tasks")
+        out = pathlib.Path(scratch) / sub / split
         if not out.is_dir() or not any(out.iterdir()):
-            (web_family if source == WEB else family).generate(out, split=split, seed=seed)
+            _GENERATED[source].generate(out, split=split, seed=seed)
         dirs = sorted(p for p in out.iterdir() if p.is_dir())
     else:
         folder = LIBRARY if source == "library" else pathlib.Path(source)
@@ -70,9 +74,9 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
-    """`launch.eval --tasks` strings: `library` | `family:SPLIT[:N]` (as before) | `web:SPLIT[:N]` | `make_file` |
-    `web` | DIR; returns (source, overrides for select_tasks)."""
-    if spec.startswith(("family:", "web:")):
+    """`launch.eval --tasks` strings: `library` | `family:SPLIT[:N]` (as before) | `web:SPLIT[:N]` |
+    `relay:SPLIT[:N]` | `make_file` | `web` | `relay` | DIR; returns (source, overrides for select_tasks)."""
+    if spec.startswith(("family:", "web:", "relay:")):
         kind, split, *n = spec.split(":")
         return kind, {"split": split, **({"limit": int(n[0])} if n else {})}
     return spec, {}

@@ -183,6 +183,10 @@ class EvalConfig:
     num_tasks: int = -1
     at_start: bool = True
     after_sft: bool = True
+    # rollouts per held-out task and harness, sampled at `temperature` (pass@1 = their mean pass rate); the
+    # default, one greedy rollout, is a step function of the policy where the right answer is not its mode
+    samples: int = 1
+    temperature: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,6 +436,10 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
                "use top_p=1.0 for RL")
         _check(ro.group_size >= 2 or run.algo == "ppo", f"config.rollout.group_size={ro.group_size}: group "
                "advantages need >= 2 rollouts per group")
+    _check(run.eval.samples >= 1 and run.eval.temperature >= 0, f"config.eval.samples={run.eval.samples} must be "
+           f">= 1 and config.eval.temperature={run.eval.temperature} >= 0")
+    _check(run.eval.samples == 1 or run.eval.temperature > 0, f"config.eval.samples={run.eval.samples} greedy "
+           "(temperature 0) rollouts of a task are copies of one: sample at a temperature > 0")
     _check(ro.groups_per_step >= 1 and ro.max_extra_rounds >= 0, "config.rollout.groups_per_step must be >= 1 and "
            "max_extra_rounds >= 0")
     _check(t.epochs >= 1 and t.minibatches >= 1 and t.num_microbatches >= 1,
