@@ -17,6 +17,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config (a configs
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "config.seed of each run")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory (one folder per seed).", required=True)
 _CONTROL = flags.DEFINE_bool("control", True, "also run each seed's SFT-only control at equal minutes")
+_MIN_GAIN = flags.DEFINE_float("min_gain", 0.25, "a seed passes when held-out pass rises by this much above its RL "
+                               "start (or reaches 0.95) and ends above its control")
 
 
 def main(argv):
@@ -24,7 +26,8 @@ def main(argv):
     quiet_libraries(verbose=flags.FLAGS["verbosity"].present > 0)  # orbax etc. only with --verbosity
     from harness_env.rl.sweep import run_sweep
 
-    summary = run_sweep(_CONFIG.value, [int(s) for s in _SEEDS.value], _WORKDIR.value, control=_CONTROL.value)
+    summary = run_sweep(_CONFIG.value, [int(s) for s in _SEEDS.value], _WORKDIR.value, control=_CONTROL.value,
+                        min_gain=_MIN_GAIN.value)
     print("SWEEP " + json.dumps({k: v for k, v in summary.items() if k != "table"}))
 
 

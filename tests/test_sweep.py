@@ -39,6 +39,39 @@ def test_a_seed_that_does_not_beat_its_control_fails():
     assert not sweep.summarize(rows, 10)["table"][0]["ok"]  # 0.6 is not > the control's 0.6
 
 
+def test_min_gain_is_the_rise_a_seed_needs_above_its_start():
+    rows = [{"seed": 0, "sft": _evals((0, 0, 0.0), (10, 5, 0.1)), "rl": _evals((10, 5, 0.1), (20, 9, 0.375)),
+             "control": _evals((10, 5, 0.1), (18, 9, 0.1))}]
+    assert sweep.summarize(rows, 10)["table"][0]["ok"]  # +0.275 >= the demo's 0.25
+    s = sweep.summarize(rows, 10, min_gain=0.3)  # learning through a CLI asks for +0.3
+    assert not s["table"][0]["ok"] and s["min_gain"] == 0.3
+
+
+def test_relay_answers_read_the_clue_per_task_and_the_word_each_second_call_names(tmp_path):
+    from harness_env.tasks import relay
+    from research.capture import CallRecord, CaptureLog, RolloutResult
+    from research.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None)
+    (tmp_path / "eval").mkdir()
+    results, calls = CaptureLog(tmp_path / "eval" / "results.jsonl"), CaptureLog(tmp_path / "eval_capture.jsonl")
+    written = {16: "river", 17: "river", 18: None}  # 16: river clue, right; 17: stone clue, wrong; 18: malformed
+    for n, word in written.items():
+        rid = f"eval00250.relay-{n}.codex.0"
+        reward = 1.0 if word == relay.clue_of(n) else 0.0
+        results.append(RolloutResult(rollout_id=rid, group_id=f"relay-{n}/codex", harness="codex", status="ok",
+                                     reward=reward, meta={"task_dir": str(tmp_path / f"relay-{n}")}))
+        text = f'{{"cmd": "echo {word} > out.txt"}}' if word else '{"cmd": "ech'
+        for index, ids in ((0, [3]), (1, tok.encode(text))):
+            calls.append(CallRecord(rollout_id=rid, session_id="s", group_id=f"relay-{n}/codex", harness="codex",
+                                    call_index=index, prompt_ids=[1, 2], completion_ids=ids,
+                                    logprobs=[0.0] * len(ids), weight_version=250, finish_reason="stop"))
+    results.close(), calls.close()
+    a = sweep.relay_answers(tmp_path, 250)
+    assert a == {"n": 3, "by_clue": {"river": 0.5, "stone": 0.0}, "words": {"-": 1, "river": 2},
+                 "format_ok": pytest.approx(2 / 3)}
+
+
 def test_work_clock_sums_processes_and_skips_idle_time(tmp_path, monkeypatch):
     """eval/elapsed_min is work minutes: a resumed (or copied) run continues its clock from its checkpoint."""
     from configs import demo_cpu

@@ -2,7 +2,6 @@
 harness with the context window its prompts were learned under."""
 
 import asyncio
-import pathlib
 
 import pytest
 
@@ -33,6 +32,7 @@ def test_transfer_matrix_restores_each_runs_checkpoint_and_evaluates_it_under_ea
     from harness_env.runner import RunnerConfig
     from harness_env.sandbox import Limits, get_backend
     from harness_env.tasks import family
+    from research.capture import CallRecord, read_log
     from research.models.tokenizer import load_tokenizer
 
     ok, why = get_backend("bwrap").available()
@@ -51,7 +51,11 @@ def test_transfer_matrix_restores_each_runs_checkpoint_and_evaluates_it_under_ea
         window = cfg.engine.max_len if cell["harness"] == "reference_bash" else 1024
         assert cell["version"] == 2 and cell["rollouts"] == 2 and cell["window"] == window, cell
         assert sum(cell["statuses"].values()) == 2 and 0.0 <= cell["pass_at_1"] <= 1.0
-        assert pathlib.Path(tmp_path / "eval" / cell["policy"] / cell["harness"] / "results.jsonl").exists()
+        cell_dir = tmp_path / "eval" / cell["policy"] / cell["harness"]
+        assert (cell_dir / "results.jsonl").exists()
+        # served as the run's rollouts were: its token cap on every call (a harness asks for thousands)
+        calls = [c for c in read_log(cell_dir / "capture.jsonl") if isinstance(c, CallRecord)]
+        assert calls and max(len(c.completion_ids) for c in calls) <= cfg.rollout.max_new_tokens
     md = (tmp_path / "eval" / "matrix.md").read_text().splitlines()
     assert md[0] == "| policy \\ harness | reference | reference_bash |" and len(md) == 4
     with pytest.raises(ValueError, match="no checkpoint"):

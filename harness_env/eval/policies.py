@@ -7,8 +7,10 @@ A policy is a run's latest checkpoint (`launch.train`'s workdir: its config.json
 the JAX engine. Why a window per (policy, harness): the CLIs shape their prompts by the context window they are
 told (Codex cuts its skill list to fit), so a policy is evaluated under a harness it trained through with its
 training run's window (the prompt it learned), and under any other with that harness's own (`tight_context` of
-harnesses/base.py, when the run's is too small for it). Each cell is one `evaluate` run under OUT/POLICY/HARNESS
-(resumable); `matrix.json` / `matrix.md` hold pass@1 and the mean reward per cell, and the run version evaluated.
+harnesses/base.py, when the run's is too small for it). Every cell serves the policy as its run's rollouts did
+(`shim_options`: thinking switch, token cap, held-out sampling temperature; the run's turn limit). Each cell is one
+`evaluate` run under OUT/POLICY/HARNESS (resumable); `matrix.json` / `matrix.md` hold pass@1 and the mean reward
+per cell, and the run version evaluated.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 import pathlib
 
 from harness_env.harnesses.base import first_call_need, tight_context
+from harness_env.rl.rollouts import CappedEngine
+from research.shim.session import ShimOptions
 
 
 def load_policy(workdir: pathlib.Path):  # noqa: ANN201 - (RunConfig, params, version)
@@ -46,6 +50,20 @@ def window(run, harness: str) -> int:  # noqa: ANN001 - research.rl.config.RunCo
     return run.engine.max_len if (harness in trained or fits) else tight_context([harness])
 
 
+def shim_options(run) -> ShimOptions:  # noqa: ANN001 - research.rl.config.RunConfig
+    """The shim as the run's rollouts saw it: its thinking switch (Qwen3's template renders the assistant turn
+    differently without thinking), its token cap and its held-out sampling (`eval.temperature`)."""
+    return ShimOptions(enable_thinking=run.rollout.enable_thinking, default_max_tokens=run.rollout.max_new_tokens,
+                       sampling_override={"temperature": run.eval.temperature})
+
+
+def served_config(run, cfg, out: pathlib.Path):  # noqa: ANN001, ANN201 - RunnerConfig
+    """`cfg` with the run's turn limit and rollout timeout: the policy is evaluated under the protocol it learned."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, out_dir=out, max_turns=run.rollout.max_turns, timeout_s=run.rollout.timeout_s)
+
+
 async def transfer_matrix(policies: dict[str, pathlib.Path], harnesses: list[str], *, tasks: list[pathlib.Path],
                           k: int, tok, out: pathlib.Path, cfg) -> dict:  # noqa: ANN001
     """Evaluates every policy under every harness (one engine per cell); writes and returns the matrix."""
@@ -60,8 +78,10 @@ async def transfer_matrix(policies: dict[str, pathlib.Path], harnesses: list[str
         for h in harnesses:
             engine = jax_engine(run.model, params, dataclasses.replace(run.engine, max_len=window(run, h)), version)
             cell_out = out / name / h
-            doc = await evaluate(tasks=tasks, harnesses=[h], k=k, engine=engine, tok=tok, out=cell_out,
-                                 cfg=dataclasses.replace(cfg, out_dir=cell_out), close_engine=True)
+            capped = CappedEngine(engine, run.rollout.max_new_tokens)
+            doc = await evaluate(tasks=tasks, harnesses=[h], k=k, engine=capped, tok=tok, out=cell_out,
+                                 cfg=served_config(run, cfg, cell_out), close_engine=True,
+                                 shim_options=shim_options(run))
             row = next(r for r in doc["rows"] if r.harness == h and r.group == "all")
             cells[f"{name}/{h}"] = {"policy": name, "harness": h, "version": version, "window": engine.max_context,
                                     "rollouts": row.rollouts, "pass_at_1": row.metrics.get("pass@1", 0.0),

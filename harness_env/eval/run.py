@@ -50,11 +50,13 @@ def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | 
 
 async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, engine, tok, out: pathlib.Path,
                    cfg: RunnerConfig, threshold: float = 1.0, close_engine: bool = False,
-                   inspect_log: pathlib.Path | None = None) -> dict:
+                   inspect_log: pathlib.Path | None = None, shim_options=None) -> dict:  # noqa: ANN001
     """Runs (or resumes) the rollouts, then writes the report; returns the report's JSON document paths.
     `close_engine`: the engine is closed before returning (a launcher's own engine: a JAX engine's serving thread
     still inside XLA when the interpreter exits aborts the process, rc 134, after the report was written).
-    `inspect_log`: also export the run as an Inspect AI eval log there (harness_env/eval/inspect_log.py)."""
+    `inspect_log`: also export the run as an Inspect AI eval log there (harness_env/eval/inspect_log.py).
+    `shim_options` (research.shim.session.ShimOptions): how the shim renders and samples (a trained policy is
+    served as it was trained: its thinking switch, token cap and sampling; harness_env/eval/policies.py)."""
     from research.shim.server import ShimServer
 
     if inspect_log is not None:  # an optional extra: a missing inspect_ai fails here, not after the rollouts
@@ -62,7 +64,7 @@ async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, e
     out.mkdir(parents=True, exist_ok=True)
     capture = CaptureLog(out / "capture.jsonl")
     sock = pathlib.Path(tempfile.gettempdir()) / f"hrl-shim-{os.getpid()}.sock"  # AF_UNIX paths: <108 bytes
-    server = ShimServer(engine, tok, capture, unix_socket=str(sock))
+    server = ShimServer(engine, tok, capture, unix_socket=str(sock), options=shim_options)
     await server.start()
     runner = Runner(cfg, server, capture_log=capture)
     try:
