@@ -1,17 +1,22 @@
-"""The CPU decode kernels (research/models/cpu_kernels.*) == the XLA path they replace, and the engine's
-fast path on them == the full forward."""
+"""The CPU decode kernels (research/serving/cpu_kernels) == the XLA path they replace, the engine's fast path on
+them == the full forward, and their build step fails saying what to install."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.models import cpu_kernels, init_params, logits, tiny_moe
 from research.models import decode as decode_lib
+from research.models import init_params, logits, tiny_moe
 from research.models import moe as moe_lib
 from research.models.qwen3 import Qwen3
+from research.serving import cpu_kernels
+from research.serving.cpu_kernels import __main__ as build_cli
 from research.serving.qwen3_runner import Qwen3Runner
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU kernels")
@@ -28,7 +33,7 @@ def test_matmul_equals_xla_dot(lead, K, N):
     rng = np.random.default_rng(K * N)
     x, w = _rand(rng, *lead, K), _rand(rng, K, N)
     packed = cpu_kernels.pack(w)
-    assert packed.panels.shape == (-(-N // 16), K, 16) and packed.n == N
+    assert packed.panels.shape == (-(-N // cpu_kernels.PANEL), K, cpu_kernels.PANEL) and packed.n == N
     y = jax.jit(cpu_kernels.matmul)(x, packed)
     assert y.shape == (*lead, N)
     np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-4 * np.sqrt(K))
@@ -79,7 +84,7 @@ def test_modes_and_build_errors(monkeypatch, tmp_path):
         cpu_kernels.mode()
     monkeypatch.setenv("HRL_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    with pytest.raises(cpu_kernels.KernelBuildError, match="no C\\+\\+ compiler"):
+    with pytest.raises(cpu_kernels.KernelBuildError, match="no C\\+\\+ compiler.*apt-get install g\\+\\+"):
         cpu_kernels.build()
     monkeypatch.setenv("CXX", "g++")
     monkeypatch.setattr(cpu_kernels, "SOURCE", tmp_path / "broken.cc")
@@ -94,19 +99,19 @@ def test_fast_path_on_kernels_matches_forward():
     (every kernel: matmul, moe, attend, LM head) == the training module's full forward, logits and routing."""
     cfg = tiny_moe(num_layers=3, mlp_only_layers=(1,), dtype="float32")
     p = init_params(cfg, jax.random.key(5))
-    ep = decode_lib.engine_params(p, cfg, kernels=True)
+    ep = decode_lib.engine_params(p, cfg, cpu_kernels.OPS)
     assert isinstance(ep["head"], cpu_kernels.Packed) and "experts" in ep["layers"][0]["moe"]
     toks = [int(t) for t in jax.random.randint(jax.random.key(6), (8,), 0, cfg.vocab_size)]
     h, aux = Qwen3(cfg).apply({"params": p}, jnp.array([toks]), jnp.arange(8)[None], jnp.ones((1, 8), jnp.int32),
                               jnp.full((1, 8), 7), return_routing=True)
     ref, routed = logits(p, cfg, h)[0], aux["routed_experts"][0]
     cache = decode_lib.init_layer_cache(cfg, 2, 16)
-    pf = jax.jit(functools.partial(decode_lib.prefill_slot, cfg=cfg), static_argnames=("ctx_len",))
+    pf = jax.jit(functools.partial(decode_lib.prefill_slot, cfg=cfg, ops=cpu_kernels.OPS), static_argnames=("ctx_len",))
     lg, cache, r = pf(ep, cache=cache, slot=jnp.int32(1), tokens_C=jnp.array(toks[:5]), start=jnp.int32(0),
                       n_valid=jnp.int32(5), ctx_len=8)
     np.testing.assert_allclose(lg, ref[4], atol=1e-5)
     np.testing.assert_array_equal(r, routed[:5])
-    step = jax.jit(functools.partial(decode_lib.block_decode_step, cfg=cfg))
+    step = jax.jit(functools.partial(decode_lib.block_decode_step, cfg=cfg, ops=cpu_kernels.OPS))
     ctx, buf = decode_lib.block_context(cache, 2, 8), decode_lib.block_buffer(cache, 2, 3)
     for i in range(3):
         pos = 5 + i
@@ -153,10 +158,6 @@ def test_concurrent_calls_from_several_threads_split_work_and_agree():
 
 def test_the_kernels_compile_warning_free_with_the_panel_from_python(tmp_path):
     """-Wall -Wextra -Werror (jaxlib's headers as system headers); the panel width comes from PANEL only."""
-    import subprocess
-
-    from research.models import cpu_kernels
-
     cmd = cpu_kernels.compile_command(werror=True)
     assert f"-DHRL_PANEL={cpu_kernels.PANEL}" in cmd
     done = subprocess.run([*cmd, "-o", str(tmp_path / "k.so")], capture_output=True, text=True, timeout=300)
@@ -164,3 +165,69 @@ def test_the_kernels_compile_warning_free_with_the_panel_from_python(tmp_path):
     no_panel = [a for a in cmd if not a.startswith("-DHRL_PANEL")]
     done = subprocess.run([*no_panel, "-o", str(tmp_path / "k2.so")], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "HRL_PANEL" in done.stderr
+
+
+def _python(code_or_args: list[str], **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *code_or_args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_the_panel_width_is_pythons_panel_only(tmp_path):
+    """PANEL is the one definition: built at another width (8: one AVX2 vector per panel row), every kernel that
+    reads panels still equals the XLA path, partial last panels included."""
+    script = """
+import jax.numpy as jnp, numpy as np
+from research.models import moe
+from research.serving import cpu_kernels as k
+k.PANEL = 8
+rng = np.random.default_rng(0)
+r = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32))
+x, w = r(5, 40), r(40, 37)
+packed = k.pack(w)
+assert packed.panels.shape == (5, 40, 8), packed.panels.shape
+np.testing.assert_allclose(k.matmul(x, packed), x @ w, rtol=1e-5, atol=1e-3)
+wg, wu, wo = r(4, 24, 20) * 0.1, r(4, 24, 20) * 0.1, r(4, 20, 24) * 0.1
+ids, gates = jnp.array([[0, 3], [1, 1], [2, 0]], jnp.int32), jnp.asarray(rng.random((3, 2), np.float32))
+np.testing.assert_allclose(k.moe(x[:3, :24], ids, gates, k.pack_experts(wg, wu, wo)),
+                           moe.experts_dense(x[:3, :24], ids, gates, wg, wu, wo), atol=2e-5)
+print(k.build())
+"""
+    done = _python(["-c", script], HRL_KERNEL_CACHE=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().startswith(str(tmp_path))
+
+
+def test_the_build_command_builds_into_the_cache_the_engine_loads():
+    """`python -m research.serving.cpu_kernels build` (the install step) prints the library `load()` uses."""
+    done = _python(["-m", "research.serving.cpu_kernels", "build"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == str(cpu_kernels.build())
+
+
+def test_the_build_command_fails_naming_what_to_install(tmp_path):
+    done = _python(["-m", "research.serving.cpu_kernels", "build"], CXX=str(tmp_path / "no-such-compiler"),
+                   HRL_KERNEL_CACHE=str(tmp_path))
+    assert done.returncode == 1
+    assert "no C++ compiler" in done.stderr and "apt-get install g++" in done.stderr, done.stderr
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_missing_ffi_headers_name_the_jaxlib_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("HRL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(jax.ffi, "include_dir", lambda: str(tmp_path / "include"))
+    want = f"pip install --force-reinstall 'jaxlib=={jax.lib.__version__}'"
+    with pytest.raises(cpu_kernels.KernelBuildError, match=want):
+        cpu_kernels.build()
+
+
+def test_a_cpu_without_avx2_serves_on_xla_unless_kernels_are_required(monkeypatch, capsys):
+    """Nothing to install there: the build step succeeds and says XLA's ops serve, except under `on` (CI)."""
+    monkeypatch.setattr(cpu_kernels, "_cpu_id", lambda: "flags : fpu sse sse2")
+    monkeypatch.setenv("HRL_CPU_KERNELS", "auto")
+    assert build_cli.main(["build"]) == 0
+    assert "lacks AVX2/FMA: the engine serves on XLA's ops" in capsys.readouterr().err
+    monkeypatch.setenv("HRL_CPU_KERNELS", "on")
+    assert build_cli.main(["build"]) == 1
+    monkeypatch.setenv("HRL_CPU_KERNELS", "off")
+    assert build_cli.main(["build"]) == 0
+    assert "not building" in capsys.readouterr().out

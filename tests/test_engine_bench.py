@@ -22,6 +22,6 @@ def test_engine_bench_reports_ratios_profile_and_agrees_with_transformers(kernel
     # the same-run baseline of throughput: continuous batching serves 8 requests in about the steps of one
     # (measured 4.9x and 6.7x at this size, kernels and XLA); a bound well under it, never an absolute number
     assert r["tokens_per_s_c8"] > 2 * r["tokens_per_s_c1"], r
-    from research.models import cpu_kernels
+    from research.serving import cpu_kernels
 
     assert r["cpu_kernels"] is (cpu_kernels.wanted("float32") if kernels is None else kernels)

@@ -1,5 +1,7 @@
 """The layering: research/ (the JAX library, the shim, the engine) never imports harness_env/ (sandboxes,
-harnesses, tasks, the RL loop through them), so the library stands alone and the dependency runs one way."""
+harnesses, tasks, the RL loop through them), so the library stands alone and the dependency runs one way.
+Inside research/, the model (research/models) never imports the serving layer (research/serving): the engine
+builds on the model (its CPU kernels come in as injected ops), so the trainer's model never needs the engine."""
 
 import ast
 import pathlib
@@ -13,7 +15,7 @@ def _imports(path: pathlib.Path) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}  # `from pkg import module`
     return out
 
 
@@ -27,6 +29,23 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from harness_env.tasks import family\n")
     assert "harness_env.tasks" in _imports(f)
+
+
+def _serving(mods: set[str]) -> list[str]:
+    return sorted(m for m in mods if m == "research.serving" or m.startswith("research.serving."))
+
+
+def test_models_never_import_serving():
+    bad = {str(p.relative_to(REPO)): _serving(_imports(p)) for p in (REPO / "research/models").rglob("*.py")}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_serving_check_sees_every_import_form(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from research import serving\nimport research.serving.api\n"
+                 "def f():\n    from research.serving.cpu_kernels import OPS\n")
+    assert _serving(_imports(f)) == ["research.serving", "research.serving.api", "research.serving.cpu_kernels",
+                                     "research.serving.cpu_kernels.OPS"]
 
 
 # the core: what the loop trains with and the loop itself. An import inside a function there hid a dependency

@@ -106,6 +106,7 @@ from research.models.decode import (  # noqa: E402
     init_layer_cache,
     prefill_slot,
 )
+from research.serving import cpu_kernels  # noqa: E402
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -187,9 +188,11 @@ def test_prefill_writes_the_cache_in_place(kernels):
     if kernels and jax.default_backend() != "cpu":
         pytest.skip("CPU kernels")
     cfg = tiny_moe(num_layers=2, dtype="float32")
-    ep = engine_params(init_params(cfg, jax.random.key(0)), cfg, kernels=kernels)
+    ops = cpu_kernels.OPS if kernels else decode_lib.XLA_OPS
+    ep = engine_params(init_params(cfg, jax.random.key(0)), cfg, ops)
     cache = init_layer_cache(cfg, 8, 48)
-    fn = jax.jit(functools.partial(prefill_slot, cfg=cfg), static_argnames=("ctx_len",), donate_argnames=("cache",))
+    fn = jax.jit(functools.partial(prefill_slot, cfg=cfg, ops=ops), static_argnames=("ctx_len",),
+                 donate_argnames=("cache",))
     hlo = fn.lower(ep, cache=cache, slot=jnp.int32(1), tokens_C=jnp.zeros(8, jnp.int32), start=jnp.int32(0),
                    n_valid=jnp.int32(8), ctx_len=16).compile().as_text()
     k = cache.k[0]

@@ -1,5 +1,5 @@
 # System packages: bubblewrap (the default sandbox), docker.io (docker sandbox), debootstrap, g++ (the engine's
-# CPU decode kernels, research/models/cpu_kernels.cc, compile on first use).
+# CPU decode kernels, research/serving/cpu_kernels/kernels.cc, built in 20-python.sh).
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v dockerd >/dev/null || need+=(docker.io)

@@ -15,7 +15,7 @@ fraction of the c=1 tokens on which both implementations agree (a cross-check th
 
 `profile=true` adds `profile_c{1,8}`: milliseconds per decode step of the engine's block function by
 category (lm_head, moe, attention, attn_proj, sampling, cache_io, other; see xla_profile.py) at batch 1 and 8.
-`kernels=false` serves on XLA's ops instead of the CPU decode kernels (research/models/cpu_kernels.py; the
+`kernels=false` serves on XLA's ops instead of the CPU decode kernels (research/serving/cpu_kernels; the
 default decides as the engine does), reported as `cpu_kernels`.
 """
 

@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from research.models import cpu_kernels
 from research.models.config import ModelConfig
 from research.models.moe import _IMPLS as MOE_KERNELS
 from research.models.moe import resolve_impl, route
@@ -132,6 +131,8 @@ def greedy_generate(params, cfg: ModelConfig, prompt_T: list[int], max_new_token
 #     mask; the buffer is written into the cache afterwards (one in-place update per layer).
 # The layer math is the training module's: the same RMSNorm / MLP modules, `rope`, `moe.route` and expert
 # kernels, the same projection einsums and dtypes; tests check it against the full forward to 1e-5.
+# How the weights are stored and multiplied is an `EngineOps` (XLA's by default): the serving layer passes
+# its CPU kernels' (research/serving/cpu_kernels) without this module depending on it.
 
 
 @flax.struct.dataclass
@@ -148,19 +149,53 @@ def init_layer_cache(cfg: ModelConfig, slots: int, cache_len: int, dtype=None) -
     return LayerKV(k=z(), v=z())
 
 
-def engine_params(params, cfg: ModelConfig, kernels: bool = False) -> dict:
+class EngineOps:
+    """How the fast path stores its weights and computes on them: XLA's ops, on every backend. The model sits
+    below the serving layer, so other implementations come from there as subclasses (the CPU kernels:
+    research/serving/cpu_kernels.OPS), passed to `engine_params` and to the step functions alike (the layout
+    `pack`/`pack_moe` produce is the one the other methods read). Use one instance per kind: jit closes over it."""
+
+    def pack(self, w_KxN):
+        """A projection matrix (compute dtype) in the layout `matmul` and `head` read."""
+        return w_KxN
+
+    def pack_moe(self, m: dict) -> dict:
+        """A MoE layer's params for `experts` (with "router"): the [E, D, I] stacks the prefill kernels read,
+        plus `w_gu` [D, 2, E, I] (every expert's gate and up side by side) for the decode kernel."""
+        return {**m, "w_gu": jnp.stack([m["wi_gate"], m["wi_up"]]).transpose(2, 0, 1, 3)}
+
+    def matmul(self, x, w):
+        """x @ w over the last axis, in the compute dtype."""
+        return x @ w
+
+    def head(self, hidden_BxTxD, w) -> Float[Array, "B T V"]:
+        """The LM head's fp32 logits."""
+        return jnp.einsum("btd,dv->btv", hidden_BxTxD, w, preferred_element_type=jnp.float32)
+
+    def attend(self, q_BxTxHxD, ctx_k_BxKxLxD, ctx_v_BxKxLxD, ctx_len_B, new_k_BxKxNxD, new_v_BxKxNxD,
+               new_mask_BxTxN):
+        """The fast path's attention over cached + buffer keys; `_attend` states the contract."""
+        return _attend(q_BxTxHxD, ctx_k_BxKxLxD, ctx_v_BxKxLxD, ctx_len_B, new_k_BxKxNxD, new_v_BxKxNxD,
+                       new_mask_BxTxN)
+
+    def experts(self, cfg: ModelConfig, x_NxD, ids_NxK, w_NxK, mp):
+        """The routed tokens' expert FFNs, gate-weighted and summed per token."""
+        return _experts_by_count(cfg, x_NxD, ids_NxK, w_NxK, mp)
+
+
+XLA_OPS = EngineOps()
+
+
+def engine_params(params, cfg: ModelConfig, ops: EngineOps = XLA_OPS) -> dict:
     """The fast path's parameter layout (see above). Matrices are pre-cast to the compute dtype (the module
     casts them per call; same values), norm scales keep the param dtype as in the module. Projections that
     read the same input are concatenated into one matmul: `w_qkv` [D, (H + 2K) * Dh], the MLP's `w_gu`
-    [D, 2F], and for MoE layers `w_gu` [D, 2, E, I] (every expert's gate and up side by side, for the decode
-    kernel; the [E, D, I] stacks stay for the prefill kernels).
-
-    `kernels=True` (fp32 on CPU; `cpu_kernels.wanted`): every matrix is packed once for the CPU kernels
-    instead (`cpu_kernels.Packed`, MoE experts as `cpu_kernels.pack_experts` under "experts")."""
+    [D, 2F]; each then goes through `ops.pack`, MoE layers through `ops.pack_moe`, so the layout is the one
+    `ops` computes on (pass the same `ops` to `prefill_slot` / `block_decode_step`)."""
     params = nn.meta.unbox(params)
     dt = jnp.dtype(cfg.dtype)
     D = cfg.hidden_size
-    mat = cpu_kernels.pack if kernels else (lambda w: w)
+    mat = ops.pack
     layers = []
     for r, (moe, _, n) in enumerate(cfg.layer_runs()):
         run = jax.tree.map(lambda a: a.astype(dt) if a.ndim >= 3 else a, params[f"layers_{r}"])  # [n, ...]
@@ -173,13 +208,8 @@ def engine_params(params, cfg: ModelConfig, kernels: bool = False) -> dict:
                 "w_qkv": mat(jnp.concatenate([a[k].reshape(D, -1) for k in ("q_proj", "k_proj", "v_proj")], axis=1)),
                 "o_proj": mat(a["o_proj"].reshape(-1, D)),
             }
-            if moe and kernels:
-                m = lp["moe"]
-                layer["moe"] = {"router": m["router"],
-                                "experts": cpu_kernels.pack_experts(m["wi_gate"], m["wi_up"], m["wo"])}
-            elif moe:
-                m = lp["moe"]
-                layer["moe"] = {**m, "w_gu": jnp.stack([m["wi_gate"], m["wi_up"]]).transpose(2, 0, 1, 3)}
+            if moe:
+                layer["moe"] = ops.pack_moe(lp["moe"])
             else:
                 m = lp["mlp"]
                 layer["mlp"] = {"w_gu": mat(jnp.concatenate([m["gate_proj"], m["up_proj"]], axis=1)),
@@ -187,11 +217,6 @@ def engine_params(params, cfg: ModelConfig, kernels: bool = False) -> dict:
             layers.append(layer)
     return {"embedding": params["embedding"], "final_norm": params["final_norm"]["scale"],
             "head": mat(head_weight(params, cfg).astype(dt)), "layers": tuple(layers)}
-
-
-def _mm(x, w):
-    """x @ w over the last axis, on the CPU kernel when the weight is packed for it."""
-    return cpu_kernels.matmul(x, w) if isinstance(w, cpu_kernels.Packed) else x @ w
 
 
 def _rms(scale, x, cfg: ModelConfig):
@@ -269,72 +294,72 @@ def _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, capacity: int, fallback):
     return jax.lax.cond(counts_E.max() <= capacity, grouped, lambda: fallback(x_NxD, ids_NxK, w_NxK, mp))
 
 
-def _moe(cfg: ModelConfig, mp, h_BxTxD):
-    """MoEBlock's math (same router, same expert FFN) with the kernel picked for the token count. Decode is
-    bound by reading weights, so: the picked experts' weights only while the tokens pick at most E/2 (a
-    decode batch of a token or two); all experts on every token up to E picks, or up to 4E picks when every
-    token picks at least a quarter of the experts (E <= 4K: the extra work is <= 2x the grouped kernel's, whose
-    sort/gather/batched dots cost more than that on small batches: bench c8 1.6 -> 1.9x transformers); else
-    the grouped kernel with twice the mean load as capacity, falling back to all experts (up to 4E picks) or
-    to `cfg.moe_impl` (long prefill chunks) when the routing overflows it."""
+def _experts_by_count(cfg: ModelConfig, x_NxD, ids_NxK, w_NxK, mp):
+    """XLA's expert FFNs, the kernel picked for the token count. Decode is bound by reading weights, so: the
+    picked experts' weights only while the tokens pick at most E/2 (a decode batch of a token or two); all
+    experts on every token up to E picks, or up to 4E picks when every token picks at least a quarter of the
+    experts (E <= 4K: the extra work is <= 2x the grouped kernel's, whose sort/gather/batched dots cost more
+    than that on small batches: bench c8 1.6 -> 1.9x transformers); else the grouped kernel with twice the mean
+    load as capacity, falling back to all experts (up to 4E picks) or to `cfg.moe_impl` (long prefill chunks)
+    when the routing overflows it."""
+    A, E = ids_NxK.size, cfg.num_experts
+    if 2 * A <= E:
+        return _experts_sliced(x_NxD, ids_NxK, w_NxK, mp)
+    if A <= E or (A <= 4 * E and E <= 4 * ids_NxK.shape[1]):
+        return _experts_all(x_NxD, ids_NxK, w_NxK, mp)
+    impl = MOE_KERNELS[resolve_impl(cfg.moe_impl)]
+    fallback = _experts_all if A <= 4 * E else lambda x, i, w, m: impl(x, i, w, m["wi_gate"], m["wi_up"], m["wo"])
+    return _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, min(x_NxD.shape[0], 2 * -(-A // E)), fallback)
+
+
+def _moe(cfg: ModelConfig, mp, h_BxTxD, ops: EngineOps = XLA_OPS):
+    """MoEBlock's math: the same router, then `ops.experts` (the same expert FFN)."""
     B, T, D = h_BxTxD.shape
     dt = jnp.dtype(cfg.dtype)
     x_NxD = h_BxTxD.reshape(B * T, D)
     w_NxK, ids_NxK = route(x_NxD, mp["router"], top_k=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob)
-    A, E, w_NxK = ids_NxK.size, cfg.num_experts, w_NxK.astype(dt)
-    if "experts" in mp:  # packed for the CPU kernel: the picked experts only, any token count
-        y = cpu_kernels.moe(x_NxD, ids_NxK, w_NxK, mp["experts"])
-    elif 2 * A <= E:
-        y = _experts_sliced(x_NxD, ids_NxK, w_NxK, mp)
-    elif A <= E or (A <= 4 * E and E <= 4 * ids_NxK.shape[1]):
-        y = _experts_all(x_NxD, ids_NxK, w_NxK, mp)
-    else:
-        impl = MOE_KERNELS[resolve_impl(cfg.moe_impl)]
-        fallback = _experts_all if A <= 4 * E else lambda x, i, w, m: impl(x, i, w, m["wi_gate"], m["wi_up"], m["wo"])
-        y = _experts_capacity(x_NxD, ids_NxK, w_NxK, mp, min(B * T, 2 * -(-A // E)), fallback)
+    y = ops.experts(cfg, x_NxD, ids_NxK, w_NxK.astype(dt), mp)
     return y.reshape(B, T, D).astype(dt), ids_NxK.reshape(B, T, -1)
 
 
-def _layer(cfg: ModelConfig, moe: bool, lp, x_BxTxD, positions_BxT, ctx_k, ctx_v, ctx_len_B, buf_k, buf_v, at,
-           new_mask_BxTxN):
+def _layer(ops: EngineOps, cfg: ModelConfig, moe: bool, lp, x_BxTxD, positions_BxT, ctx_k, ctx_v, ctx_len_B, buf_k,
+           buf_v, at, new_mask_BxTxN):
     """One decoder layer (qwen3.DecoderLayer's math) on T new tokens per row; their K/V go into the buffer at
     columns at..at+T-1, in the cache dtype (exactly what a later read of the cache sees)."""
     dt = jnp.dtype(cfg.dtype)
     B, T, D = x_BxTxD.shape
     H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    kernels = isinstance(lp["w_qkv"], cpu_kernels.Packed)  # engine_params(kernels=True)
     with jax.named_scope("attn_proj"):
         h = _rms(lp["input_norm"], x_BxTxD, cfg)
-        qkv = _mm(h, lp["w_qkv"]).reshape(B, T, H + 2 * K, Dh)
+        qkv = ops.matmul(h, lp["w_qkv"]).reshape(B, T, H + 2 * K, Dh)
         q = rope(_rms(lp["q_norm"], qkv[:, :, :H], cfg), positions_BxT, cfg.rope_theta)
         k = rope(_rms(lp["k_norm"], qkv[:, :, H : H + K], cfg), positions_BxT, cfg.rope_theta)
         put = lambda buf, t: jax.lax.dynamic_update_slice_in_dim(buf, jnp.swapaxes(t, 1, 2).astype(buf.dtype), at, 2)
         buf_k, buf_v = put(buf_k, k), put(buf_v, qkv[:, :, H + K :])
     with jax.named_scope("attention"):
-        attend = cpu_kernels.attend if kernels and dt == jnp.float32 else _attend
-        o = attend(q, ctx_k.astype(dt), ctx_v.astype(dt), ctx_len_B, buf_k.astype(dt), buf_v.astype(dt),
+        o = ops.attend(q, ctx_k.astype(dt), ctx_v.astype(dt), ctx_len_B, buf_k.astype(dt), buf_v.astype(dt),
                    new_mask_BxTxN)
     with jax.named_scope("attn_proj"):
-        x = x_BxTxD + _mm(o.reshape(B, T, H * Dh), lp["o_proj"])
+        x = x_BxTxD + ops.matmul(o.reshape(B, T, H * Dh), lp["o_proj"])
         h = _rms(lp["post_attn_norm"], x, cfg)
     if moe:
         with jax.named_scope("moe"):
-            y, ids = _moe(cfg, lp["moe"], h)
+            y, ids = _moe(cfg, lp["moe"], h, ops)
     else:
         with jax.named_scope("mlp"):
-            g, u = jnp.split(_mm(h, lp["mlp"]["w_gu"]), 2, axis=-1)
-            y = _mm(jax.nn.silu(g) * u, lp["mlp"]["down"])
+            g, u = jnp.split(ops.matmul(h, lp["mlp"]["w_gu"]), 2, axis=-1)
+            y = ops.matmul(jax.nn.silu(g) * u, lp["mlp"]["down"])
         ids = jnp.full(x.shape[:2] + (cfg.num_experts_per_tok,), -1, jnp.int32)
     return x + y, ids, buf_k, buf_v
 
 
-def _forward(ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B, buf: LayerKV, at, tokens_BxT, positions_BxT,
-             new_mask_BxTxN):
+def _forward(ops: EngineOps, ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B, buf: LayerKV, at, tokens_BxT,
+             positions_BxT, new_mask_BxTxN):
     """All layers (unrolled) over T new tokens per row: (final hidden [B, T, D], routed [B, T, L, K], buffer)."""
     x = jnp.take(ep["embedding"], tokens_BxT, axis=0).astype(jnp.dtype(cfg.dtype))
     ids, bk, bv = [], [], []
     for i, lp in enumerate(ep["layers"]):
-        x, ids_i, k, v = _layer(cfg, cfg.layer_is_moe(i), lp, x, positions_BxT, ctx.k[i], ctx.v[i], ctx_len_B,
+        x, ids_i, k, v = _layer(ops, cfg, cfg.layer_is_moe(i), lp, x, positions_BxT, ctx.k[i], ctx.v[i], ctx_len_B,
                                 buf.k[i], buf.v[i], at, new_mask_BxTxN)
         ids.append(ids_i)
         bk.append(k)
@@ -343,15 +368,13 @@ def _forward(ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B, buf: LayerKV, at, to
 
 
 @jax.named_scope("lm_head")
-def _head(ep, hidden_BxTxD) -> Float[Array, "B T V"]:
-    if isinstance(ep["head"], cpu_kernels.Packed):
-        return cpu_kernels.matmul(hidden_BxTxD, ep["head"])
-    return jnp.einsum("btd,dv->btv", hidden_BxTxD, ep["head"], preferred_element_type=jnp.float32)
+def _head(ops: EngineOps, ep, hidden_BxTxD) -> Float[Array, "B T V"]:
+    return ops.head(hidden_BxTxD, ep["head"])
 
 
 def prefill_slot(
     ep, cfg: ModelConfig, cache: LayerKV, slot: Int[Array, ""], tokens_C: Int[Array, "C"], start: Int[Array, ""],
-    n_valid: Int[Array, ""], *, ctx_len: int,
+    n_valid: Int[Array, ""], *, ctx_len: int, ops: EngineOps = XLA_OPS,
 ) -> tuple[Float[Array, "V"], LayerKV, Int[Array, "C L K"]]:
     """Writes K/V of `tokens_C` (the first n_valid real, the rest padding) at positions start..start+C-1 of row
     `slot`; query i sees the row's cached keys j < start and chunk keys <= i. `ctx_len` (static) is a length
@@ -364,7 +387,7 @@ def prefill_slot(
     causal = (jnp.arange(C)[None, :] <= jnp.arange(C)[:, None])[None]
 
     def forward():
-        return _forward(ep, cfg, ctx, start[None], buf, 0, tokens_C[None],
+        return _forward(ops, ep, cfg, ctx, start[None], buf, 0, tokens_C[None],
                         (start + jnp.arange(C, dtype=jnp.int32))[None], causal)
 
     # The forward runs as one opaque step (a conditional XLA cannot fold: n_valid >= 0 always holds) so the
@@ -375,7 +398,7 @@ def prefill_slot(
     hidden, routed, buf = jax.lax.cond(n_valid >= 0, forward, never)
     cache = jax.tree.map(lambda c, b: jax.lax.dynamic_update_slice(c, b, (slot, 0, start, 0)), cache, buf)
     h_last = jax.lax.dynamic_index_in_dim(hidden[0], n_valid - 1, axis=0, keepdims=True)
-    return _head(ep, h_last[None])[0, 0], cache, routed[0]
+    return _head(ops, ep, h_last[None])[0, 0], cache, routed[0]
 
 
 def block_context(cache: LayerKV, batch: int, ctx_len: int) -> LayerKV:
@@ -390,15 +413,16 @@ def block_buffer(cache: LayerKV, batch: int, steps: int) -> LayerKV:
 
 def block_decode_step(
     ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B: Int[Array, "B"], buf: LayerKV, step: Int[Array, ""],
-    tokens_B: Int[Array, "B"], positions_B: Int[Array, "B"],
+    tokens_B: Int[Array, "B"], positions_B: Int[Array, "B"], *, ops: EngineOps = XLA_OPS,
 ) -> tuple[Float[Array, "B V"], LayerKV, Int[Array, "B L K"]]:
     """Step `step` of a decode block: token b at positions_B[b] sees its row's ctx keys j < ctx_len_B[b] (the
     cached prefix when the block began) and buffer columns 0..step (the block's earlier tokens, then itself).
     Returns (fp32 next-token logits [B, V], buffer with column `step` written, routed experts [B, L, K])."""
     N = buf.k[0].shape[2]
     mask = jnp.broadcast_to(jnp.arange(N) <= step, (tokens_B.shape[0], 1, N))
-    hidden, routed, buf = _forward(ep, cfg, ctx, ctx_len_B, buf, step, tokens_B[:, None], positions_B[:, None], mask)
-    return _head(ep, hidden)[:, 0], buf, routed[:, 0]
+    hidden, routed, buf = _forward(ops, ep, cfg, ctx, ctx_len_B, buf, step, tokens_B[:, None], positions_B[:, None],
+                                   mask)
+    return _head(ops, ep, hidden)[:, 0], buf, routed[:, 0]
 
 
 def block_commit(cache: LayerKV, buf: LayerKV, start_B: Int[Array, "B"], count_B: Int[Array, "B"]) -> LayerKV:

@@ -1,19 +1,19 @@
-// CPU kernels of the JAX engine's decode path (XLA FFI custom calls; built and loaded by cpu_kernels.py).
+// CPU kernels of the JAX engine's decode path (XLA FFI custom calls; built and loaded by __init__.py here).
 //
 // Why: decoding a few tokens is bound by reading the weights once per step, and XLA:CPU's dot for an
 // [M<=32, K] x [K, N] product reads them at 4-5 GB/s (it packs the weight into panels on every call);
-// this machine streams ~15-25 GB/s. The weights are packed once, at weight load, into 16-column panels
-// ([ceil(N/16), K, 16], each panel contiguous), and each kernel streams every panel exactly once per call
-// with a software prefetch ahead of it, keeping up to 6 rows x 16 columns of fp32 accumulators in AVX2
-// registers. fp32 in, fp32 accumulate, fp32 out: the same math as the XLA path (summation order differs).
+// this machine streams ~15-25 GB/s. The weights are packed once, at weight load, into NB-column panels
+// ([ceil(N/NB), K, NB], each panel contiguous; NB = HRL_PANEL, set from Python's PANEL), and each kernel
+// streams every panel exactly once per call with a software prefetch ahead of it, keeping up to 6 rows x NB
+// columns of fp32 accumulators in AVX2 registers. fp32 in, fp32 accumulate, fp32 out: the same math as the XLA path (summation order differs).
 //
 // Three targets:
-//   hrl_matmul(x[..., K], w_panels[P, K, 16]) -> y[..., N]           (N from the result shape, N <= 16P)
-//   hrl_moe(x[T, D], ids[T, Kt], gates[T, Kt], gate_up[E, 2, Pi, D, 16], down[E, Pd, I, 16]) -> y[T, D]
+//   hrl_matmul(x[..., K], w_panels[P, K, NB]) -> y[..., N]           (N from the result shape, N <= NB P)
+//   hrl_moe(x[T, D], ids[T, Kt], gates[T, Kt], gate_up[E, 2, Pi, D, NB], down[E, Pd, I, NB]) -> y[T, D]
 //     = sum_k gates[t,k] * (silu(x[t] @ Wg[e]) * (x[t] @ Wu[e])) @ Wd[e],  e = ids[t,k]
 //     Only the experts some token picked are read (the dropless top-k MoE of moe.py, by expert).
 //   hrl_attend(q[B,T,H,D], ctx_k/v[B,Kv,L,D], ctx_len[B], new_k/v[B,Kv,N,D], mask[B,T,N]) -> o[B,T,H,D]
-//     decode.py's `_attend` (GQA; keys: the first ctx_len[b] cached positions + the buffer where mask).
+//     research/models/decode.py's `_attend` (GQA; keys: the first ctx_len[b] cached positions + the buffer where mask).
 // Work is split over XLA's intra-op thread pool (by panels for matmul, by expert for moe).
 
 #include <immintrin.h>
@@ -34,50 +34,56 @@ namespace ffi = xla::ffi;
 namespace {
 
 #ifndef HRL_PANEL
-#error "build with -DHRL_PANEL=<cpu_kernels.PANEL>: the panel width has one source of truth, cpu_kernels.py"
+#error "build with -DHRL_PANEL=<PANEL>: the panel width has one source of truth, PANEL in __init__.py"
 #endif
-constexpr int NB = HRL_PANEL;  // panel width (two AVX2 vectors at 16)
-static_assert(NB == 16, "the 6x16 register tiles below assume two 8-float AVX2 vectors per panel row");
-constexpr int PREFETCH = 96; // panel rows (cache lines) ahead of the one being read
+constexpr int NB = HRL_PANEL;  // panel width
+static_assert(NB > 0 && NB % 8 == 0, "HRL_PANEL: a panel row must be whole 8-float AVX2 vectors");
+constexpr int NV = NB / 8;  // AVX2 vectors per panel row. A 6-row tile holds 6 NV accumulators + NV weights +
+                            // the broadcast: NB <= 16 fits the 16 ymm registers, wider panels spill.
+constexpr int PREFETCH = 96;  // panel rows ahead of the one being read (one prefetch per row: a row is one
+                              // 64-byte cache line at NB = 16)
 
-// y[0:MR, n:n+16] = x[0:MR, 0:K] @ panel[K, 16]; x rows are ldx apart, y rows ldy apart. S > 1 splits the
+// y[0:MR, n:n+NB] = x[0:MR, 0:K] @ panel[K, NB]; x rows are ldx apart, y rows ldy apart. S > 1 splits the
 // k loop into S independent accumulator chains (a row or two alone would wait on the FMA latency).
 template <int MR, int S>
 inline void tile(const float* __restrict x, int64_t ldx, int64_t K, const float* __restrict panel,
                  float* __restrict y, int64_t ldy, int64_t n, int64_t N) {
-  __m256 acc[S * MR * 2];
+  __m256 acc[S * MR * NV];
 #pragma GCC unroll 32
-  for (int i = 0; i < S * MR * 2; ++i) acc[i] = _mm256_setzero_ps();
+  for (int i = 0; i < S * MR * NV; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += S) {
 #pragma GCC unroll 4
     for (int s = 0; s < S; ++s) {
       const float* p = panel + (k + s) * NB;
       _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH * NB), _MM_HINT_T0);
-      const __m256 w0 = _mm256_loadu_ps(p), w1 = _mm256_loadu_ps(p + 8);
+      __m256 w[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_ps(p + 8 * v);
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
         const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k + s);
-        acc[(s * MR + m) * 2] = _mm256_fmadd_ps(xb, w0, acc[(s * MR + m) * 2]);
-        acc[(s * MR + m) * 2 + 1] = _mm256_fmadd_ps(xb, w1, acc[(s * MR + m) * 2 + 1]);
+        __m256* a = acc + (s * MR + m) * NV;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) a[v] = _mm256_fmadd_ps(xb, w[v], a[v]);
       }
     }
   }
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) {
-    __m256 a0 = acc[m * 2], a1 = acc[m * 2 + 1];
+    __m256 r[NV];
 #pragma GCC unroll 4
-    for (int s = 1; s < S; ++s) {
-      a0 = _mm256_add_ps(a0, acc[(s * MR + m) * 2]);
-      a1 = _mm256_add_ps(a1, acc[(s * MR + m) * 2 + 1]);
+    for (int v = 0; v < NV; ++v) {
+      r[v] = acc[m * NV + v];
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) r[v] = _mm256_add_ps(r[v], acc[(s * MR + m) * NV + v]);
     }
     float* out = y + m * ldy + n;
     if (n + NB <= N) {
-      _mm256_storeu_ps(out, a0);
-      _mm256_storeu_ps(out + 8, a1);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, r[v]);
     } else {  // the last, partial panel
       alignas(32) float buf[NB];
-      _mm256_store_ps(buf, a0);
-      _mm256_store_ps(buf + 8, a1);
+      for (int v = 0; v < NV; ++v) _mm256_store_ps(buf + 8 * v, r[v]);
       for (int64_t j = 0; j < N - n; ++j) out[j] = buf[j];
     }
   }
@@ -90,7 +96,7 @@ inline void tile_rows(const float* x, int64_t ldx, int64_t K, const float* panel
   else tile<MR, 1>(x, ldx, K, panel, y, ldy, n, N);
 }
 
-// y[M, N] = x[M, K] @ W for panels p0..p1-1 of W (columns 16 p0 .. 16 p1). Each panel is read from memory
+// y[M, N] = x[M, K] @ W for panels p0..p1-1 of W (columns NB p0 .. NB p1). Each panel is read from memory
 // once; row tiles after the first find it in L1/L2.
 void matmul_panels(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t p0,
                    int64_t p1) {
@@ -161,7 +167,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
                   ffi::ResultBuffer<ffi::F32> y) {
   const auto wd = w.dimensions();
   const auto yd = y->dimensions();
-  if (wd.size() != 3 || wd[2] != NB) return ffi::Error::InvalidArgument("hrl_matmul: weight is not [P, K, 16]");
+  if (wd.size() != 3 || wd[2] != NB) return ffi::Error::InvalidArgument("hrl_matmul: weight is not [P, K, HRL_PANEL]");
   const int64_t P = wd[0], K = wd[1], N = yd[yd.size() - 1];
   const auto xd = x.dimensions();
   const int64_t M = N ? y->element_count() / N : 0;
@@ -199,7 +205,7 @@ ffi::Error Moe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
   const auto xd = x.dimensions(), id = ids.dimensions(), gu = gate_up.dimensions(), dn = down.dimensions();
   if (xd.size() != 2 || id.size() != 2 || gu.size() != 5 || dn.size() != 4 || gu[1] != 2 || gu[4] != NB ||
       dn[3] != NB)
-    return ffi::Error::InvalidArgument("hrl_moe: expected x[T,D], ids[T,K], gate_up[E,2,Pi,D,16], down[E,Pd,I,16]");
+    return ffi::Error::InvalidArgument("hrl_moe: expected x[T,D], ids[T,K], gate_up[E,2,Pi,D,NB], down[E,Pd,I,NB]");
   const int64_t T = xd[0], D = xd[1], Kt = id[1], E = gu[0], I = dn[2];
   const auto gd = gates.dimensions();
   if (id[0] != T || gd.size() != 2 || gd[0] != T || gd[1] != Kt || gu[3] != D || dn[0] != E ||

@@ -1,19 +1,25 @@
-"""CPU decode kernels for the JAX engine: packed-panel matmul and a top-k MoE, as XLA FFI custom calls.
+"""CPU decode kernels for the JAX engine: packed-panel matmul, a top-k MoE and the fast path's attention, as XLA
+FFI custom calls, and `OPS`, the engine fast path's ops on them (`research.models.decode.EngineOps`).
 
 Why: at decode a step multiplies a handful of rows by every weight matrix once, so it is bound by reading
 the weights. XLA:CPU's dot reads them at 4-5 GB/s for [8, K] x [K, N] (it repacks the weight on every
 call), and the all-experts MoE kernel that avoids XLA's slow gathers computes E/top_k times the useful
-flops. `cpu_kernels.cc` streams weights packed once at load time (`pack`) and runs only the picked
+flops. `kernels.cc` streams weights packed once at load time (`pack`) and runs only the picked
 experts; see `python -m launch.bench --suite=engine` for the effect
 (docs/experiments/2026-12-02-engine-shim-measurements.md has the numbers).
 
-The library is compiled on first use with the host's C++ compiler for the host CPU (`-march=native`, AVX2 +
-FMA required) against jaxlib's FFI headers, and cached under ``$HRL_KERNEL_CACHE`` (default
-``~/.cache/harness-rl/kernels``) by a hash of the source, jaxlib version, compiler and CPU. ``HRL_CPU_KERNELS``:
-``auto`` (default: use them for fp32 on the CPU backend when they build), ``off``, ``on`` (same, but a build
-failure is an error: CI sets it). ``HRL_KERNEL_THREADS=N`` caps the threads one call is split over (default:
-one per core, from XLA's intra-op pool).
-Same math as the XLA path in fp32; only the summation order differs (tests/test_cpu_kernels.py).
+They live in the serving layer because only the engine serves on them; research/models holds XLA's ops and
+takes these as injected `EngineOps`, so the model never depends on a compiled library.
+
+Build: `python -m research.serving.cpu_kernels build` (the README's install command and CI run it) compiles
+the library with the host's C++ compiler for the host CPU (`-march=native`, AVX2 + FMA required) against
+jaxlib's FFI headers into ``$HRL_KERNEL_CACHE`` (default ``~/.cache/harness-rl/kernels``), keyed by a hash of
+the source, compile line, jaxlib, compiler and CPU; a failure names what to install. The first use builds too
+when the library is missing (same cache). ``HRL_CPU_KERNELS``: ``auto`` (default: use them for fp32 on the CPU
+backend when they build, else XLA's ops with a warning), ``off``, ``on`` (same, but a build failure is an
+error: CI sets it). ``HRL_KERNEL_THREADS=N`` caps the threads one call is split over (default: one per core,
+from XLA's intra-op pool). Same math as the XLA path in fp32; only the summation order differs
+(tests/test_cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -34,19 +40,25 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-SOURCE = pathlib.Path(__file__).with_suffix(".cc")
-PANEL = 16  # the panel width; the only definition (cpu_kernels.cc is built with -DHRL_PANEL=PANEL)
+from research.models import decode
+
+SOURCE = pathlib.Path(__file__).with_name("kernels.cc")
+PANEL = 16  # the panel width (two 8-float AVX2 vectors); the only definition: kernels.cc gets -DHRL_PANEL=PANEL
 
 
 class KernelBuildError(RuntimeError):
-    pass
+    """The library cannot be built here; the message says what to install."""
+
+
+class UnsupportedCPU(KernelBuildError):
+    """The CPU lacks AVX2/FMA: nothing to install, the engine serves on XLA's ops (an error only under `on`)."""
 
 
 @flax.struct.dataclass
 class Packed:
-    """A [K, N] weight as 16-column panels [ceil(N/16), K, 16] (zero-padded), for `matmul`."""
+    """A [K, N] weight as PANEL-column panels [ceil(N/PANEL), K, PANEL] (zero-padded), for `matmul`."""
 
-    panels: Float[Array, "P K 16"]
+    panels: Float[Array, "P K PANEL"]
     n: int = flax.struct.field(pytree_node=False)
 
 
@@ -58,7 +70,7 @@ def pack(w_KxN: Float[Array, "K N"]) -> Packed:
 
 
 def pack_experts(wg_ExDxI, wu_ExDxI, wo_ExIxD) -> dict:
-    """Expert weights for `moe`: gate_up [E, 2, Pi, D, 16] and down [E, Pd, I, 16]."""
+    """Expert weights for `moe`: gate_up [E, 2, Pi, D, PANEL] and down [E, Pd, I, PANEL]."""
     per_expert = jax.vmap(lambda w: pack(w).panels)
     return {"gate_up": jnp.stack([per_expert(wg_ExDxI), per_expert(wu_ExDxI)], axis=1),
             "down": per_expert(wo_ExIxD)}
@@ -99,7 +111,16 @@ def _compiler_version(cxx: str) -> str:
     try:
         return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise KernelBuildError(f"no C++ compiler ({cxx}): {e}") from e
+        raise KernelBuildError(f"no C++ compiler: CXX={cxx} does not run ({e}); install one "
+                               "(apt-get install g++) or point CXX at one") from e
+
+
+def _check_ffi_headers() -> None:
+    header = pathlib.Path(jax.ffi.include_dir()) / "xla/ffi/api/ffi.h"
+    if not header.is_file():
+        v = jax.lib.__version__
+        raise KernelBuildError(f"jaxlib {v} ships no XLA FFI headers ({header} is missing): "
+                               f"pip install --force-reinstall 'jaxlib=={v}'")
 
 
 def compile_command(cxx: str = "g++", *, werror: bool = False) -> list[str]:
@@ -109,12 +130,15 @@ def compile_command(cxx: str = "g++", *, werror: bool = False) -> list[str]:
 
 
 def build() -> pathlib.Path:
-    """Compiles cpu_kernels.cc for this host (once; cached by content), returns the shared library's path."""
+    """Compiles kernels.cc for this host (once; cached by content), returns the shared library's path. Checks
+    the CPU, the compiler and jaxlib's headers first, so a failure says what is missing, not just g++'s error."""
     cpu = _cpu_id()
     if "avx2" not in cpu or "fma" not in cpu:
-        raise KernelBuildError("the CPU lacks AVX2/FMA")
+        raise UnsupportedCPU("the CPU lacks AVX2/FMA: the engine serves on XLA's ops (nothing to install)")
     cxx = os.environ.get("CXX", "g++")
-    parts = [SOURCE.read_text(), " ".join(compile_command(cxx)), jax.lib.__version__, _compiler_version(cxx), cpu]
+    version = _compiler_version(cxx)
+    _check_ffi_headers()
+    parts = [SOURCE.read_text(), " ".join(compile_command(cxx)), jax.lib.__version__, version, cpu]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = pathlib.Path(os.environ.get("HRL_KERNEL_CACHE", pathlib.Path.home() / ".cache/harness-rl/kernels"))
     cache.mkdir(parents=True, exist_ok=True)
@@ -173,3 +197,30 @@ def attend(q_BxTxHxD: Float[Array, "B T H D"], ctx_k_BxKxLxD: Float[Array, "B K 
     return jax.ffi.ffi_call("hrl_attend", jax.ShapeDtypeStruct(q_BxTxHxD.shape, jnp.float32), vmap_method="sequential")(
         f32(q_BxTxHxD), f32(ctx_k_BxKxLxD), f32(ctx_v_BxKxLxD), ctx_len_B.astype(jnp.int32), f32(new_k_BxKxNxD),
         f32(new_v_BxKxNxD), new_mask_BxTxN.astype(bool))
+
+
+class KernelOps(decode.EngineOps):
+    """The engine fast path on these kernels: every matrix and the LM head `Packed`, MoE experts as
+    `pack_experts` under "experts" (any token count reads only the picked experts), attention in one call."""
+
+    def pack(self, w_KxN):
+        return pack(w_KxN)
+
+    def pack_moe(self, m: dict) -> dict:
+        return {"router": m["router"], "experts": pack_experts(m["wi_gate"], m["wi_up"], m["wo"])}
+
+    def matmul(self, x, w):
+        return matmul(x, w)
+
+    def head(self, hidden_BxTxD, w):
+        return matmul(hidden_BxTxD, w)
+
+    def attend(self, q, ctx_k, *rest):
+        # the kernel is fp32: a bf16 model served on the kernels keeps XLA's attention in its own dtype
+        return attend(q, ctx_k, *rest) if ctx_k.dtype == jnp.float32 else super().attend(q, ctx_k, *rest)
+
+    def experts(self, cfg, x_NxD, ids_NxK, w_NxK, mp):
+        return moe(x_NxD, ids_NxK, w_NxK, mp["experts"])
+
+
+OPS = KernelOps()
