@@ -121,6 +121,33 @@ def test_env_json_validation(tmp_path):
         load_task(task)
 
 
+
+def test_shipped_app_runs_alone_from_the_task_folder(tmp_path):
+    """env/app.py imports its package (env/webapp/) under `python3 -I`, as the web-env sandbox runs it: no repo on
+    the path, the script's folder off it; and it writes no __pycache__ into env/ (task content, hashed)."""
+    task = wf.write_task(tmp_path / "t", "todo", 0)
+    state, port = tmp_path / "state", _free_port()
+    state.mkdir()
+    argv = [*json.loads((task / "env" / "env.json").read_text())["command"]]
+    argv[0] = argv[0] if os.path.exists(argv[0]) else sys.executable
+    env = {"PATH": "/usr/bin:/bin", "HRL_STATE_DIR": str(state), "PORT": str(port)}
+    proc = subprocess.Popen(argv, cwd=task / "env", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read().decode()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(proc.communicate()[0].decode()) from None
+                time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "To-do list" in body and json.loads((state / "state.json").read_text())["log"][0]["path"] == "/"
+    assert not list((task / "env").rglob("__pycache__"))
+
 SNAPSHOT = """### Page
 - Page URL: http://127.0.0.1:8000/contact
 ### Snapshot

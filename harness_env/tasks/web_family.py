@@ -1,10 +1,10 @@
 """The web task family: 14 templates of small-site chores (WebArena / Mind2Web style), seeded variants.
 
 Each task is a ClawGym-format folder plus `env/` (harness_env/web/env.py): the site server
-(harness_env/web/site_app.py, copied as env/app.py), its `site.json` and `env.json`. The agent works
-in a browser on http://127.0.0.1:8000/; the checker (`reward/check.py`) compares the app's server-side
-state (`reward/env_state/state.json`, written by the app outside the agent's reach) with
-`reward/expected.json`: all-or-nothing, with one sub-score per check.
+(harness_env/web/site_app.py as env/app.py, its package webapp/ as env/webapp/), its `site.json` and
+`env.json`. The agent works in a browser on http://127.0.0.1:8000/; the checker (`reward/check.py`)
+compares the app's server-side state (`reward/env_state/state.json`, written by the app outside the
+agent's reach) with `reward/expected.json`: all-or-nothing, with one sub-score per check.
 
 A variant is (template, index): a seeded draw of names, products, values and page positions. The split
 is every 5th index of each template (20% held out, at a per-template hashed offset), so every template
@@ -29,6 +29,7 @@ CATEGORY = "web"
 PORT = 8000
 START = f"http://127.0.0.1:{PORT}"
 APP_SOURCE = pathlib.Path(__file__).resolve().parents[1] / "web" / "site_app.py"
+APP_PACKAGE = APP_SOURCE.parent / "webapp"  # imported by app.py, so shipped beside it
 CHECK_PY = pathlib.Path(__file__).resolve().parents[1] / "web" / "check.py"
 
 FIRST = ("Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ivan", "Julia", "Kofi", "Lena")
@@ -492,6 +493,8 @@ def write_task(out_dir: str | pathlib.Path, template: str, index: int) -> pathli
     }
     (d / "data_entry.json").write_text(json.dumps(entry, indent=2) + "\n")
     shutil.copyfile(APP_SOURCE, d / "env" / "app.py")
+    shutil.rmtree(d / "env" / APP_PACKAGE.name, ignore_errors=True)  # a rewrite leaves no stale module behind
+    shutil.copytree(APP_PACKAGE, d / "env" / APP_PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     (d / "env" / "site.json").write_text(json.dumps(v["site"], indent=1) + "\n")
     env = {"command": ["/usr/bin/python3", "-I", "app.py"], "port": PORT, "ready_path": "/", "start_path": "/"}
     (d / "env" / "env.json").write_text(json.dumps(env, indent=1) + "\n")
