@@ -74,7 +74,7 @@ def get_config(arg: str = "codex") -> ml_collections.ConfigDict:
     # 250, not pick-word's 100: the relay path is 3 calls of ~30 sampled tokens each, and at T=1 a stray token
     # anywhere breaks a call. At SFT 100 (NLL 0.065, still falling) 45% of Codex rollouts broke a call's format,
     # held-out pass@1 0.03 at RL start, and 16 GRPO steps mostly repaired format (train 0.06 -> 0.16)
-    config.sft.update(steps=250, groups_per_step=per_step, num_demos=-1, expert="relay_sloppy", min_reward=0.0,
+    config.sft.update(steps=250, groups_per_step=per_step, num_demos=-1, expert="relay_literal", min_reward=0.0,
                       merge_demos=True)
     config.eval.update(every=6, sft_every=0, at_start=False, after_sft=True, num_tasks=-1, samples=4,
                        temperature=1.0)

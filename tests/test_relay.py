@@ -23,34 +23,36 @@ def _command(reply: str) -> str:
     return json.loads(reply.split("<tool_call>\n")[1].split("\n</tool_call>")[0])["arguments"]["command"]
 
 
-def test_split_clues_and_the_sloppy_experts_words():
+def test_split_clues_and_the_experts_mistakes():
     assert relay.numbers("train") == list(range(16)) and relay.numbers("heldout") == list(range(16, 24))
     for split in ("train", "heldout"):  # half the tasks of each split per clue word
         clues = collections.Counter(relay.clue_of(n) for n in relay.numbers(split))
         assert set(clues.values()) == {len(relay.numbers(split)) // 2}, clues
-    words = collections.Counter(relay.expert_word(n) for n in relay.numbers("train"))
-    assert words == {w: 2 for w in relay.WORDS}  # every word alike: SFT teaches no preference for the clue's
-    assert sum(relay.expert_word(n) == relay.clue_of(n) for n in relay.numbers("train")) == 2
+        parity = {(n % 2, relay.clue_of(n)) for n in relay.numbers(split)}
+        assert len(parity) == 4  # neither parity tells the clue: only reading clue.txt does
+    assert sum(relay.literal_mistake(n) for n in relay.numbers("train")) == 10  # MISTAKE_RATE of 16
     with pytest.raises(ValueError, match="split"):
         relay.numbers("test")
 
 
-def test_the_expert_reads_then_writes_then_answers():
-    n = 5
-    assert _command(relay.expert_reply(_prompt(n, 0))) == "cat clue.txt"
-    assert _command(relay.expert_reply(_prompt(n, 1))) == f"echo {relay.expert_word(n)} > out.txt"
-    assert _command(relay.oracle_reply(_prompt(n, 1))) == f"echo {relay.clue_of(n)} > out.txt"
-    assert relay.expert_reply(_prompt(n, 2)) == "Done."
+def test_the_expert_reads_then_copies_then_answers():
+    right = next(n for n in relay.numbers("train") if not relay.literal_mistake(n))
+    wrong = next(n for n in relay.numbers("train") if relay.literal_mistake(n))
+    assert _command(relay.expert_reply(_prompt(right, 0))) == "cat clue.txt"
+    assert _command(relay.expert_reply(_prompt(right, 1))) == f"echo {relay.clue_of(right)} > out.txt"
+    assert _command(relay.expert_reply(_prompt(wrong, 1))) == f"echo the word {relay.clue_of(wrong)} > out.txt"
+    assert _command(relay.oracle_reply(_prompt(wrong, 1))) == f"echo {relay.clue_of(wrong)} > out.txt"
+    assert relay.expert_reply(_prompt(right, 2)) == "Done."
     assert relay.expert_reply("no task here") == "No task." and not relay.is_task("no task here")
-    # the word a completion writes, from any CLI's call format (JSON-escaped inside the arguments string)
-    assert relay.written_word('{"cmd": "echo stone > out.txt"}') == "stone"
-    assert relay.written_word('"arguments": "{\\"command\\":\\"echo river >out.txt\\"}"') == "river"
-    assert relay.written_word("cat clue.txt") is None
+    # the form and word a completion writes, from any CLI's call format (JSON-escaped in an arguments string)
+    assert relay.written('{"cmd": "echo stone > out.txt"}') == ("exact", "stone")
+    assert relay.written('"arguments": "{\\"command\\":\\"echo the word river >out.txt\\"}"') == ("literal", "river")
+    assert relay.written("cat clue.txt") is None
 
 
 @pytest.mark.harness
 def test_tasks_grade_the_copy_and_nothing_else(tmp_path):
-    """The reference solution 1.0, nothing done 0.0, and the plausible mistake (the other clue's word) 0.0."""
+    """The reference solution 1.0, nothing done 0.0, a guess of the other clue's word 0.0, the literal form 0.3."""
     import shutil
 
     from harness_env.sandbox import get_backend
@@ -64,10 +66,12 @@ def test_tasks_grade_the_copy_and_nothing_else(tmp_path):
     assert v.ok and (v.solution_reward, v.empty_reward, v.untouched_reward) == (1.0, 0.0, 0.0), v
     clue = (dirs[0] / "input_files" / "clue.txt").read_text().strip()
     other = next(w for w in relay.CLUES if w != clue)
-    wrong = tmp_path / "wrong" / dirs[0].name
-    shutil.copytree(dirs[0], wrong)
-    (wrong / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {other} > out.txt\n")
-    assert asyncio.run(run_solution(backend, load_task(wrong))) == 0.0
+    for i, (command, reward) in enumerate(((f"echo {other} > out.txt", 0.0),  # the other clue's word: a guess
+                                           (f"echo the word {clue} > out.txt", 0.3))):  # the expert's mistake
+        wrong = tmp_path / f"wrong{i}" / dirs[0].name
+        shutil.copytree(dirs[0], wrong)
+        (wrong / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{command}\n")
+        assert asyncio.run(run_solution(backend, load_task(wrong))) == reward, command
 
 
 def test_sampled_evals_plan_k_rollouts_per_task_and_greedy_copies_are_refused(tmp_path):

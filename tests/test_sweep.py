@@ -47,7 +47,7 @@ def test_min_gain_is_the_rise_a_seed_needs_above_its_start():
     assert not s["table"][0]["ok"] and s["min_gain"] == 0.3
 
 
-def test_relay_answers_read_the_clue_per_task_and_the_word_each_second_call_names(tmp_path):
+def test_relay_answers_read_the_clue_per_task_and_the_form_each_second_call_writes(tmp_path):
     from harness_env.tasks import relay
     from research.capture import CallRecord, CaptureLog, RolloutResult
     from research.models.tokenizer import load_tokenizer
@@ -55,21 +55,26 @@ def test_relay_answers_read_the_clue_per_task_and_the_word_each_second_call_name
     tok = load_tokenizer(None)
     (tmp_path / "eval").mkdir()
     results, calls = CaptureLog(tmp_path / "eval" / "results.jsonl"), CaptureLog(tmp_path / "eval_capture.jsonl")
-    written = {16: "river", 17: "river", 18: None}  # 16: river clue, right; 17: stone clue, wrong; 18: malformed
-    for n, word in written.items():
+    river = [n for n in relay.numbers("heldout") if relay.clue_of(n) == "river"]
+    stone = [n for n in relay.numbers("heldout") if relay.clue_of(n) == "stone"]
+    # right; the literal form of the right word; the wrong word; a malformed second call; no second call
+    plan = {river[0]: "echo river > out.txt", river[1]: "echo the word river > out.txt",
+            stone[0]: "echo river > out.txt", stone[1]: '{"cmd": "ech', stone[2]: None}
+    for n, text in plan.items():
         rid = f"eval00250.relay-{n}.codex.0"
-        reward = 1.0 if word == relay.clue_of(n) else 0.0
+        reward = {"echo river > out.txt": 1.0 if n in river else 0.0, "echo the word river > out.txt": 0.3}
         results.append(RolloutResult(rollout_id=rid, group_id=f"relay-{n}/codex", harness="codex", status="ok",
-                                     reward=reward, meta={"task_dir": str(tmp_path / f"relay-{n}")}))
-        text = f'{{"cmd": "echo {word} > out.txt"}}' if word else '{"cmd": "ech'
-        for index, ids in ((0, [3]), (1, tok.encode(text))):
+                                     reward=reward.get(text, 0.0), meta={"task_dir": str(tmp_path / f"relay-{n}")}))
+        for index, ids in ((0, [3]), (1, tok.encode(text or ""))):
+            if index == 1 and text is None:
+                continue
             calls.append(CallRecord(rollout_id=rid, session_id="s", group_id=f"relay-{n}/codex", harness="codex",
                                     call_index=index, prompt_ids=[1, 2], completion_ids=ids,
                                     logprobs=[0.0] * len(ids), weight_version=250, finish_reason="stop"))
     results.close(), calls.close()
     a = sweep.relay_answers(tmp_path, 250)
-    assert a == {"n": 3, "by_clue": {"river": 0.5, "stone": 0.0}, "words": {"-": 1, "river": 2},
-                 "format_ok": pytest.approx(2 / 3)}
+    assert a == {"n": 5, "by_clue": {"river": 0.5, "stone": 0.0}, "forms": {"exact": 2, "literal": 1, "none": 2},
+                 "copied": pytest.approx(2 / 5)}
 
 
 def test_work_clock_sums_processes_and_skips_idle_time(tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ that re-addresses that shell call to the shell tool of the harness whose tools t
 through every CLI, each with its own tools, as a user of that CLI would see it. The task families own their
 experts: "make_file" is the family's perfect expert, "make_file_imperfect" its literal-minded one and
 "make_file_sloppy" a sloppy one (~60% of the tasks wrong in one systematic way each:
-harness_env/tasks/family.py), as real demonstrations are imperfect; "relay_sloppy" reads the relay family's
-clue and then writes a word of its own (harness_env/tasks/relay.py).
+harness_env/tasks/family.py), as real demonstrations are imperfect; "relay_literal" reads the relay family's
+clue and copies it, on most tasks in a literal form (harness_env/tasks/relay.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ EXPERTS: dict[str, Callable[[str], str]] = {"make_file": family.oracle_reply,
                                             "make_file_imperfect": family.imperfect_reply,
                                             "make_file_sloppy": family.sloppy_reply,
                                             "make_file_cut": family.cut_reply,
-                                            "relay": relay.oracle_reply, "relay_sloppy": relay.expert_reply}
+                                            "relay": relay.oracle_reply, "relay_literal": relay.expert_reply}
 
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)

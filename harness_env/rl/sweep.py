@@ -92,9 +92,9 @@ def answer_forms(workdir: pathlib.Path, version: int) -> dict:
 
 def relay_answers(workdir: pathlib.Path, version: int) -> dict:
     """The relay family's held-out rollouts at eval `version`: pass rate per clue word (`by_clue`: a policy that
-    conditions on what `cat clue.txt` returned passes on both; one that learned a favourite word on one only), the
-    word each second call names in an `echo WORD > out.txt` (well-formed for the CLI or not: "-" when none), and
-    `format_ok`, the share of rollouts whose second call names one."""
+    conditions on what `cat clue.txt` returned passes on both, one with a favourite word on one only), the forms
+    of their second calls' `echo [the word] WORD > out.txt` (well-formed for the CLI or not; "none" when a second
+    call names no write), and `copied`, the share whose written word is the task's clue."""
 
     tok, prefix = load_tokenizer(None), f"eval{version:05d}."
     clue, passed = {}, {}
@@ -102,15 +102,16 @@ def relay_answers(workdir: pathlib.Path, version: int) -> dict:
         if isinstance(r, RolloutResult) and r.rollout_id.startswith(prefix):
             n = int(pathlib.Path(r.meta["task_dir"]).name.split("-")[1])  # relay-NN: the clue follows from N
             clue[r.rollout_id], passed[r.rollout_id] = relay.clue_of(n), (r.reward or 0.0) >= 1.0
-    words: dict[str, int] = {}
+    forms, copied = {"exact": 0, "literal": 0, "none": 0}, 0
     for c in read_log(workdir / "eval_capture.jsonl"):
         if isinstance(c, CallRecord) and c.call_index == 1 and c.rollout_id in clue:
-            w = relay.written_word(tok.decode(c.completion_ids)) or "-"
-            words[w] = words.get(w, 0) + 1
-    by_clue = {w: float(statistics.mean([passed[r] for r in clue if clue[r] == w] or [0.0])) for w in relay.CLUES}
+            w = relay.written(tok.decode(c.completion_ids))
+            forms[w[0] if w else "none"] += 1
+            copied += bool(w and w[1] == clue[c.rollout_id])
     n = len(clue)
-    return {"n": n, "by_clue": by_clue, "words": dict(sorted(words.items())),
-            "format_ok": sum(v for w, v in words.items() if w != "-") / max(n, 1)}
+    by_clue = {w: float(statistics.mean([passed[r] for r in clue if clue[r] == w] or [0.0])) for w in relay.CLUES}
+    forms["none"] += n - sum(forms.values())  # rollouts that never made a second call
+    return {"n": n, "by_clue": by_clue, "forms": forms, "copied": copied / max(n, 1)}
 
 
 def _control_steps(sft_evals: list[dict], rl_evals: list[dict], sft_steps: int) -> int:

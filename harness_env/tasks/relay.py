@@ -1,24 +1,28 @@
 """The relay family: the answer is in a file, so a solution takes two tool calls, through any CLI's own shell tool.
 
 "Copy the word in clue.txt into out.txt (N)." The workspace holds `clue.txt` with one of two words (CLUES, half
-the tasks each); the checker pays 1.0 when out.txt holds exactly that word. Nothing in the prompt says which, so a
-policy that skips reading the file earns at most 0.5 on average (it can only guess), and one that reads it and
-copies earns 1.0: the family needs >= 2 tool calls (`cat clue.txt`, then `echo WORD > out.txt`), the second
-conditioned on the first's output, which the CLI hands back in its own format.
+the tasks of each split each, assigned by a hash of N, so neither the number nor its parity tells which); the
+checker pays 1.0 when out.txt holds exactly that word, 0.3 when it holds the word among others (the clue was read,
+the form is wrong), else 0.0. Nothing in the prompt says which word, so a policy that skips reading the file can
+only guess: the family needs >= 2 tool calls (`cat clue.txt`, then `echo WORD > out.txt`), the second conditioned
+on the first's output as the CLI hands it back.
 
-Why two clue words, not the 8 words of the expert's vocabulary: a 2-layer policy trained from scratch within
-minutes learns a one-bit condition on a tool output far sooner than a general copy (the make_file demo needs
-~500 SFT steps for its copy at 180-token prompts). Whether the policy conditions at all is what `by_clue` in the
-analysis (harness_env/rl/cli_learning.py) reports: pass on river-clue and stone-clue tasks separately.
+The expert always reads the clue and copies it, but on MISTAKE_RATE of the tasks (by a hash of N) in a literal
+form, `echo the word WORD > out.txt` (0.3), as the make_file demo's expert does (harness_env/tasks/family.py): the
+copy is demonstrated on every task, so SFT can teach the one-bit condition on the tool output; which form pays,
+only the verifier's reward can teach, and that lesson holds on held-out tasks because it is the same everywhere.
+(A first version's expert wrote a word of its own, blind to the clue: through Codex the SFT policy memorised each
+train task's word, and GRPO drove it to one favourite word, "stone", 0.19 -> 0.19 held out, because a clue's
+groups whose every rollout wrote the favourite carried no signal against it; docs/experiments.)
 
-The expert is sloppy (as real demonstrations are): it reads clue.txt, then writes a word of WORDS picked by the
-task's number (each word equally often; right on 2 of the 16 train tasks), then answers "Done.". So SFT teaches
-the two calls' format and only the verifier's reward can teach which word. Split by number: tasks 0..N_TRAIN-1
-train, the next N_HELDOUT held out.
+Why two clue words: a 2-layer policy trained from scratch within minutes learns a one-bit condition on a tool
+output far sooner than a general copy. `harness_env.rl.sweep.relay_answers` reports whether it conditions: pass
+per clue word, and the forms written. Split by number: tasks 0..N_TRAIN-1 train, the next N_HELDOUT held out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -27,18 +31,38 @@ import re
 WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
 CLUES = ("river", "stone")
 N_TRAIN, N_HELDOUT = 16, 8
+MISTAKE_RATE = 0.625  # share of the tasks on which the expert writes the literal form (10 of the 16 train tasks)
 CATEGORY = "relay"
 QUERY = "Copy the word in clue.txt into out.txt ({n})."
 _QUERY = re.compile(r"Copy the word in clue\.txt into out\.txt \((\d+)\)\.")
 REWARD_SH = """#!/bin/bash
-# 1.0 when out.txt holds exactly "{word}" (the word in clue.txt; whitespace ignored), else 0.0
+# 1.0: out.txt holds exactly "{word}" (the word in clue.txt; whitespace ignored); 0.3: it holds the word among
+# others; else 0.0
 cd "$(dirname "$0")/.." || exit 1
-if [ -f out.txt ] && [ "$(tr -d '[:space:]' < out.txt)" = "{word}" ]; then echo 1.0; else echo 0.0; fi
+[ -f out.txt ] || {{ echo 0.0; exit 0; }}
+if [ "$(tr -d '[:space:]' < out.txt)" = "{word}" ]; then echo 1.0
+elif grep -qw "{word}" out.txt; then echo 0.3
+else echo 0.0; fi
 """
 
 
+def _rank(n: int, salt: str) -> int:
+    return int(hashlib.sha256(f"relay:{salt}:{n}".encode()).hexdigest()[:12], 16)
+
+
+def _split_share(n: int, salt: str, share: float) -> bool:
+    """Whether n is among the `share` of its split's numbers ranked first by a salted hash (exact counts)."""
+    nums = sorted(numbers(split_of(n)), key=lambda m: _rank(m, salt))
+    return nums.index(n) < round(share * len(nums))
+
+
 def clue_of(n: int) -> str:
-    return CLUES[n % len(CLUES)]
+    """Half of each split's tasks per clue word, by a hash of n (not its parity, which the prompt shows)."""
+    return CLUES[0] if _split_share(n, "clue", 0.5) else CLUES[1]
+
+
+def literal_mistake(n: int) -> bool:
+    return _split_share(n, "form", MISTAKE_RATE)
 
 
 def split_of(n: int) -> str:
@@ -73,12 +97,6 @@ def generate(out_dir: str | pathlib.Path, split: str = "train", seed: int = 0) -
     return [write_task(out_dir, n) for n in numbers(split)]
 
 
-def expert_word(n: int) -> str:
-    """The sloppy expert's word for task n, blind to the clue: every word of WORDS on 2 of the 16 train tasks
-    (so after SFT the policy samples each about equally, the clue's word included) and right on 2 of them."""
-    return WORDS[(3 * n + n // 8) % len(WORDS)]
-
-
 def is_task(prompt_text: str) -> bool:
     return _QUERY.search(prompt_text) is not None
 
@@ -92,29 +110,31 @@ def _turn(prompt_text: str) -> tuple[int | None, int]:
     return int(last.group(1)), prompt_text[last.end():].count("<tool_response>")
 
 
-def expert_reply(prompt_text: str, *, copy: bool = False) -> str:
-    """`cat clue.txt`, then `echo WORD > out.txt` (the hashed word; with `copy`, the clue read back), then "Done."
-    (reference `bash` format: experts.readdress gives it the asking CLI's own tool)."""
+def expert_reply(prompt_text: str, *, perfect: bool = False) -> str:
+    """`cat clue.txt`, then the clue's word into out.txt (in the literal form on the mistaken tasks, unless
+    `perfect`), then "Done." (reference `bash` format: experts.readdress gives it the asking CLI's own tool)."""
     n, results = _turn(prompt_text)
     if n is None:
         return "No task."
     if results == 0:
         command = "cat clue.txt"
     elif results == 1:
-        command = f"echo {clue_of(n) if copy else expert_word(n)} > out.txt"
+        literal = literal_mistake(n) and not perfect
+        command = f"echo {'the word ' if literal else ''}{clue_of(n)} > out.txt"
     else:
         return "Done."
     return "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "\n</tool_call>"
 
 
 def oracle_reply(prompt_text: str) -> str:
-    return expert_reply(prompt_text, copy=True)
+    return expert_reply(prompt_text, perfect=True)
 
 
-_WRITE = re.compile(r"echo\s+(\w+)\s*>\s*out\.txt")
+_WRITE = re.compile(r"echo\s+((?:the\s+word\s+)?)(\w+)\s*>\s*out\.txt")
 
 
-def written_word(completion_text: str) -> str | None:
-    """The word a completion's `echo WORD > out.txt` writes (any CLI's call format), or None."""
+def written(completion_text: str) -> tuple[str, str] | None:
+    """(form, word) of a completion's `echo [the word] WORD > out.txt` (any CLI's call format; form "literal" or
+    "exact"), or None."""
     m = _WRITE.search(completion_text.replace('\\"', '"'))
-    return m.group(1) if m else None
+    return ("literal" if m.group(1) else "exact", m.group(2)) if m else None
