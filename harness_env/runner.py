@@ -26,20 +26,21 @@ import math
 import pathlib
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from harness_env import attribution, tamper
+from harness_env import attribution, tamper, workspace_changes
 from harness_env.harnesses.base import Harness, HarnessError, SessionContext, WebContext, get_harness
 from harness_env.sandbox import disk
-from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError, SandboxSpec, get_backend
+from harness_env.sandbox.backends import get_backend
+from harness_env.sandbox.base import HOME, Backend, Limits, Mount, SandboxError, SandboxSpec
 from harness_env.tasks.loader import RewardError, Task, TaskError, grade, load_task
 from harness_env.web import env as webenv
 from research.capture import CaptureLog, RolloutResult, read_log
+from research.rl import console
 from research.shim.session import wait_through_cancel
 
 RETRYABLE = "infra_error"  # the one status a resumed run tries again
@@ -69,7 +70,8 @@ class RunnerConfig:
     max_turns: int = 30
     shim_port: int = 18080
     keep_workspaces: bool = False  # keep each rollout's final workspace and HOME under out_dir/rollouts/ID
-    progress: bool = True
+    progress: bool = True  # a bar of the rollouts on a terminal (research/rl/console.py), labelled progress_label
+    progress_label: str = "rollouts"
     disk_mode: str | None = None  # tmpfs | watch (None: tmpfs where this process may mount, else watch)
     undeclared_inputs: str = "destructive"  # which input changes are tampering where a task declares nothing
 
@@ -133,7 +135,7 @@ class Runner:
         for name in sorted({s.harness for s in todo}):
             get_harness(name)  # an unknown harness name is a configuration error: fail before starting
         sem = asyncio.Semaphore(self.cfg.concurrency)
-        bar = _progress(len(todo), self.cfg.progress)
+        bar = _progress(len(todo), self.cfg.progress, self.cfg.progress_label)
 
         async def one(spec: RolloutSpec) -> RolloutResult:
             async with sem:
@@ -322,6 +324,10 @@ class Runner:
             await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
             changes = await asyncio.to_thread(task.input_changes, workspace)
             meta["inputs_changed"] = [c["path"] for c in changes]
+            meta["workspace_changes"], more = await asyncio.to_thread(
+                workspace_changes.changes, task.input_dir, workspace, changes)
+            if more:
+                meta["workspace_changes_more"] = more
             bad = tamper.tampered(changes, task.editable_inputs, self.cfg.undeclared_inputs)
             if bad:
                 meta["tampered"] = bad
@@ -552,9 +558,6 @@ def _transcript(task: Task, outcome) -> list[dict]:
     return [{"role": "user", "content": task.user_query}, {"role": "assistant", "content": outcome.final_message}]
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, label: str):
     """A rollout bar on a terminal only: in a log file (CI, nohup) one redrawn bar per batch is noise."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, disable=not enabled or not sys.stderr.isatty(), desc="rollouts", unit="rollout",
-                dynamic_ncols=True, leave=False)
+    return console.bar(label, total, enabled=enabled, unit="rollout", leave=False)

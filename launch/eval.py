@@ -33,6 +33,7 @@ from harness_env.eval.run import build_engine, evaluate, task_dirs
 from harness_env.harnesses.base import check_context, context_for
 from harness_env.runner import RunnerConfig
 from harness_env.sandbox import Limits
+from research.rl.console import quiet_libraries
 
 _TASKS = flags.DEFINE_string("tasks", "library", "task dir | library | family:SPLIT[:N] | web:SPLIT[:N]")
 _SPLIT = flags.DEFINE_enum("split", None, ["all", "train", "heldout"], "part of the seeded train/held-out split")
@@ -62,6 +63,7 @@ _INSPECT = flags.DEFINE_string("inspect_log", None, "also write the run as an In
 
 def main(argv):
     del argv
+    quiet_libraries(verbose=flags.FLAGS["verbosity"].present > 0)  # jax, orbax etc. INFO only with --verbosity
     from research.models.tokenizer import load_tokenizer
 
     out = pathlib.Path(_OUT.value)

@@ -76,7 +76,7 @@ def test_pallas_forward_equals_jnp_forward_with_lse():
 def test_kernels_lower_for_the_real_targets(platform, marker):
     """Compiled (not interpreted) lowering at Qwen3-30B-A3B's head shapes and attend's 256-token blocks, bf16:
     the Pallas -> Triton / Mosaic lowering checks block shapes and ops without the hardware."""
-    text = ap.lower_for(platform)
+    text = ao.lower_for(platform)
     assert marker in text and "interpret" not in text.lower()
 
 

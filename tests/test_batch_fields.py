@@ -20,8 +20,10 @@ OWNER = ROOT / "research" / "trees" / "batch.py"
 def _spelled_key_lists(path: pathlib.Path, at_least: int = 3) -> list[tuple[int, list[str]]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            keys = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in fields.BY_NAME]
+        # a dict keyed by field names is a key list too (per_process once kept its own padding dict)
+        if isinstance(node, ast.Dict | ast.Tuple | ast.List | ast.Set):
+            elts = node.keys if isinstance(node, ast.Dict) else node.elts
+            keys = [e.value for e in elts if isinstance(e, ast.Constant) and e.value in fields.BY_NAME]
             if len(keys) >= at_least:
                 out.append((node.lineno, keys))
     return out
@@ -39,8 +41,10 @@ def test_no_key_list_is_spelled_outside_the_table():
 
 def test_the_scan_finds_a_spelled_list(tmp_path):
     p = tmp_path / "x.py"
-    p.write_text('KEYS = ("tokens", "positions", "weight")\nOK = ("tokens", "positions")\n')
-    assert _spelled_key_lists(p) == [(1, ["tokens", "positions", "weight"])]
+    p.write_text('KEYS = ("tokens", "positions", "weight")\nOK = ("tokens", "positions")\n'
+                 'FILL = {"parent_index": -1, "tree_id": -1, "expert_ids": -1}\nONE = {"tokens": 0, "x": 1}\n')
+    assert _spelled_key_lists(p) == [(1, ["tokens", "positions", "weight"]),
+                                     (3, ["parent_index", "tree_id", "expert_ids"])]
 
 
 def test_packed_rows_match_the_table():

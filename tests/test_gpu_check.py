@@ -33,7 +33,14 @@ def test_every_part_runs_on_cpu():
     for form in ("gpu", "tpu"):
         assert out[f"pallas_{form}_out_max_err"] < 1e-5 and out[f"pallas_{form}_grad_max_err"] < 1e-5
     assert out["pallas_lowers_cuda"] is True and out["pallas_lowers_tpu"] is True
-    assert out["train_tokens_per_s"] > 0 and out["train_loss_rel_diff"] < 1e-5
+    assert out["train_loss_rel_diff"] < 1e-5
     assert out["train_step_loss_rel_diff"] < 1e-5 and len(out["train_losses"]) == gpu_check.SIZES["cpu"]["steps"]
-    assert out["engine_tokens_per_s_c1"] > 0 and out["engine_tokens_per_s_c4"] > 0
+    # tokens/s against the same run's own numbers: a step trains at most its rows' slots (a rate above that
+    # divides by the wrong time or counts padding), and the first step, which compiles, is the slowest
+    slots = out["train_rows"] * out["train_row_len"]
+    assert 0 < out["train_tokens_per_s"] * out["train_step_s"] <= slots, out
+    assert out["train_first_step_s"] > out["train_step_s"], out
+    # continuous batching decodes 4 requests in about the steps of one (measured 1.7x-2.7x on a loaded 2-core
+    # machine); served one after another, c4 would be no faster than c1
+    assert out["engine_tokens_per_s_c4"] > 1.25 * out["engine_tokens_per_s_c1"], out
     assert out["tree_vs_flat_tokens_ratio_3"] > 1 and out["tree_vs_flat_loss_rel_diff_3"] < 1e-5

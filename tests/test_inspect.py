@@ -1,15 +1,20 @@
 """The read-only run viewer (harness_env/inspect, `python -m launch.inspect`) on a real `demo_cpu:test` run.
 
-One run per module (2 SFT steps, 2 RL steps, held-out evals after each RL step: two versions), the viewer in a
-thread on a free port, pages fetched with aiohttp and compared with what the workdir's logs say, read with the
-project's own readers (research.capture.read_log, research.trees.builder.build_tree): rollouts per step, the
-prefix tree's node and segment counts, one token span per tree node in DFS order, the held-out table's answers.
-Headless Chromium proves the page's script draws the tree, and takes screenshots of the main views
-(into docs/inspect/ with HRL_WRITE_DOCS=1).
+One run per module (2 SFT steps, 2 RL steps, held-out evals after each RL step: two versions; an entropy bonus and
+a KL penalty, and no skip of signal-free steps, so that the random policy's updates move its log-probs), the
+viewer in a thread on a free port, pages fetched with aiohttp and compared with what the workdir's logs say, read
+with the project's own readers (research.capture.read_log, research.trees.builder.build_tree): rollouts per step,
+the prefix tree's node and segment counts, one token span per tree node in DFS order, the Δlogprob of each token
+against a flat forward of the checkpoint the update wrote, the held-out table's answers, the metrics charts. A
+real `launch.eval --out` dir (oracle policy, two harnesses) for the harness filter and the workspace changes.
+Headless Chromium proves the page's script draws the tree and that the token spans and held-out cells reach the
+browser's DOM, and takes screenshots of the main views (docs/inspect/ holds one per view; HRL_WRITE_DOCS=1 writes
+them there).
 """
 
 import asyncio
 import collections
+import hashlib
 import html
 import json
 import os
@@ -21,6 +26,7 @@ import subprocess
 import sys
 
 import aiohttp
+import numpy as np
 import pytest
 
 from harness_env.inspect.index import ANSWER_CHARS, ID_RE, WorkdirIndex, answer_of
@@ -35,24 +41,53 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "docs" / "inspect"
 GROUPS_PER_STEP, GROUP_SIZE = 2, 2  # demo_cpu:test's rollout.groups_per_step / group_size
+HARNESSES = ("reference", "reference_bash")  # the eval dir's
+VIEWS = ("overview", "rollout", "tree", "heldout", "metrics")  # the screenshots, one per file of docs/inspect/
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> pathlib.Path:
+def run_cfg():
     from configs import demo_cpu
+
+    cfg = demo_cpu.get_config("test")
+    assert (cfg.rollout.groups_per_step, cfg.rollout.group_size) == (GROUPS_PER_STEP, GROUP_SIZE)
+    cfg.sft.steps = 2
+    cfg.train.steps = 2
+    cfg.train.skip_empty = False  # the random policy's groups carry no GRPO signal: the bonus and KL still step
+    cfg.rl.update(entropy_coef=0.05, kl_coef=0.01)
+    cfg.eval.update(every=1, num_tasks=2)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, run_cfg) -> pathlib.Path:
     from harness_env.rl.loop import train
 
     ok, why = get_backend("bwrap").available()
     if not ok:
         pytest.skip(why)
-    cfg = demo_cpu.get_config("test")
-    assert (cfg.rollout.groups_per_step, cfg.rollout.group_size) == (GROUPS_PER_STEP, GROUP_SIZE)
-    cfg.sft.steps = 2
-    cfg.train.steps = 2
-    cfg.eval.update(every=1, num_tasks=2)
     wd = tmp_path_factory.mktemp("inspect") / "run"
-    train(cfg, wd)
+    train(run_cfg, wd)
     return wd
+
+
+@pytest.fixture(scope="module")
+def eval_out(tmp_path_factory) -> pathlib.Path:
+    """A real `launch.eval --out` dir: 2 held-out make_file tasks x 2 harnesses x k=2, oracle policy, workspaces
+    kept (the test compares the recorded workspace changes with them)."""
+    from harness_env.eval.run import build_engine, evaluate, task_dirs
+    from harness_env.runner import RunnerConfig
+    from research.models.tokenizer import load_tokenizer
+
+    ok, why = get_backend("bwrap").available()
+    if not ok:
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("inspect_eval")
+    tok = load_tokenizer(None)
+    cfg = RunnerConfig(out_dir=tmp / "out", concurrency=4, timeout_s=60, progress=False, keep_workspaces=True)
+    asyncio.run(evaluate(tasks=task_dirs("family:heldout:2", tmp), harnesses=list(HARNESSES), k=2,
+                         engine=build_engine("oracle", tok), tok=tok, out=tmp / "out", cfg=cfg))
+    return tmp / "out"
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +190,63 @@ def test_group_tree_and_token_view_match_build_tree(workdir, url):
     assert checked == 2 * GROUPS_PER_STEP
 
 
+def flat_logp(params, model_cfg, ids: list[int]) -> np.ndarray:
+    """log p(ids[t] | ids[:t]) for t = 1.. by a plain causal forward of the sequence (no tree, no packing)."""
+    import jax
+    import jax.numpy as jnp
+
+    from research.models import Qwen3
+    from research.models.qwen3 import logits
+
+    n = len(ids)
+    tok = jnp.asarray([ids], jnp.int32)
+    hidden = Qwen3(model_cfg).apply({"params": params}, tok, jnp.arange(n, dtype=jnp.int32)[None],
+                                    jnp.ones((1, n), jnp.int32), jnp.full((1, n), n - 1, jnp.int32))
+    lp = jax.nn.log_softmax(logits(params, model_cfg, hidden)[0, :-1].astype(jnp.float32), axis=-1)
+    return np.asarray(jnp.take_along_axis(lp, tok[0, 1:, None], axis=1)[:, 0])
+
+
+def test_token_view_dlogp_is_the_updates_new_minus_behaviour_logp(workdir, url, run_cfg):
+    """Each generated token's Δlogprob on the group page equals log p under the checkpoint its update wrote (a flat
+    forward of each call, independent of the trainer's tree code) minus the engine's log-prob in the capture."""
+    from research.rl.trainer import Learner
+    from research.train.checkpoint import Checkpointer
+
+    res = {r.rollout_id: r for r in results(workdir / "rollouts" / "results.jsonl")}
+    calls = group_calls(workdir / "capture.jsonl")
+    updates = [json.loads(line) for line in (workdir / "ledger.jsonl").read_text().splitlines()]
+    updates = [u for u in updates if u["phase"] == "rl"]
+    assert len(updates) == 2
+    learner = Learner(run_cfg)
+    checked, biggest = 0, 0.0
+    with Checkpointer(workdir / "checkpoints") as ck:
+        for u in updates:
+            params = ck.restore(learner.abstract, step=u["step"])[0].params
+            for gid in sorted({res[r].group_id for r in u["trained"]}):
+                ok = [r for r in res.values() if r.group_id == gid and r.status == "ok"]
+                use = [c for c in calls[gid] if c.rollout_id in {r.rollout_id for r in ok} and c.status == "ok"]
+                tree = build_tree(use, ok)
+                by_key = {(c.rollout_id, c.session_id, c.call_index): c for c in use}
+                want = np.full(tree.num_nodes, np.nan)
+                for ci, info in enumerate(tree.calls):
+                    c = by_key[(info.rollout_id, info.session_id, info.call_index)]
+                    d = flat_logp(params, learner.model_cfg, c.prompt_ids + c.completion_ids)[len(c.prompt_ids) - 1:]
+                    d = d - np.asarray(c.logprobs, np.float32)
+                    occ = np.flatnonzero(tree.occ_call == ci)
+                    want[tree.occ_node[occ]] = d[tree.occ_pos[occ]]
+                body = page(url, f"/group?{q(source='rollouts', group=gid)}")
+                got = {int(n): float(v) for v, n in re.findall(r'<span class="tok gen"[^>]*data-dl="([^"]+)" '
+                                                                r'title="node (\d+) ', body)}
+                gen = np.flatnonzero(tree.is_generated())
+                assert sorted(got) == gen.tolist()  # every generated token has its Δlogprob
+                np.testing.assert_allclose([got[n] for n in gen], want[gen], rtol=0, atol=5e-5)
+                assert f"update {u['step']}: new - behaviour log-prob of {len(gen)} of {len(gen)}" in body
+                assert re.search(r'<input type="radio" name="colour" value="dl">', body)  # offered, not disabled
+                biggest = max(biggest, float(np.abs(want[gen]).max()))
+                checked += 1
+    assert checked == 2 * GROUPS_PER_STEP and biggest > 1e-3  # the updates moved the log-probs
+
+
 def test_rollout_page_shows_transcript_verifier_and_calls(workdir, url):
     r = results(workdir / "rollouts" / "results.jsonl")[0]
     n_calls = sum(c.rollout_id == r.rollout_id for cs in group_calls(workdir / "capture.jsonl").values() for c in cs)
@@ -199,8 +291,68 @@ def test_metrics_curves_have_a_point_per_record(workdir, url):
     points = dict(re.findall(r'data-name="([^"]+)" data-points="(\d+)"', reward))
     assert int(points["train"]) == sum(r["kind"] == "train" for r in recs) == 2
     assert int(points["held-out"]) == sum(r["kind"] == "eval" for r in recs) == 2
+    charts = {"KL": [("kl_ref", "train", "kl_ref"), ("kl_old_new", "train", "kl_old_new"),
+                     ("mismatch_k3", "train", "mismatch_k3")],
+              "clip fraction": [("clip_frac", "train", "clip_frac")],
+              "entropy": [("rl", "train", "entropy"), ("sft", "sft", "entropy")],
+              "signal groups": [("signal_groups", "train", "signal_groups"), ("groups", "train", "groups")]}
+    for title, spec in charts.items():
+        fig = re.search(rf"<figcaption>{title}</figcaption>(.*?)</figure>", body, re.S)[1]
+        points = dict(re.findall(r'data-name="([^"]+)" data-points="(\d+)"', fig))
+        for name, kind, key in spec:
+            want = sum(r["kind"] == kind and isinstance(r.get(key), int | float) for r in recs)
+            assert want == 2 and int(points.get(name, 0)) == want, (title, name)
     extra = page(url, f"/metrics?{q(key='train:tree_s')}")
     assert "<figcaption>train: tree_s</figcaption>" in extra
+
+
+@pytest.fixture(scope="module")
+def eval_url(eval_out):
+    with Background(eval_out) as base:
+        yield base
+
+
+def test_a_launch_eval_dir_with_two_harnesses_and_the_harness_filter(eval_out, eval_url):
+    res = results(eval_out / "results.jsonl")
+    assert sorted({r.harness for r in res}) == list(HARNESSES) and len(res) == 2 * len(HARNESSES) * 2
+    form = page(eval_url, "/rollouts")
+    offered = re.findall(r'<option value="([^"]*)"', re.search(r'<select name="harness">(.*?)</select>', form)[1])
+    assert offered == ["", *HARNESSES]
+    for h in HARNESSES:
+        listed = re.findall(r'<tr class="rollout[^"]*" data-id="([^"]+)"', page(eval_url, f"/rollouts?{q(harness=h)}"))
+        assert sorted(listed) == sorted(r.rollout_id for r in res if r.harness == h)
+    body = page(eval_url, f"/rollouts?{q(harness=HARNESSES[0], task=res[0].meta['task_id'])}")
+    assert body.count('<tr class="rollout') == sum(r.harness == HARNESSES[0] and r.meta["task_id"] ==
+                                                    res[0].meta["task_id"] for r in res) == 2
+    held = page(eval_url, "/heldout")  # a launch.eval dir: one column, a row per (task, harness)
+    assert "<th>all</th>" in held and held.count('<div class="cell pass"') == len(res)
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td>", held)
+    assert sorted(rows) == sorted({(r.meta["task_id"], r.harness) for r in res})
+    calls = group_calls(eval_out / "capture.jsonl")
+    for gid in sorted({r.group_id for r in res}):
+        tree = build_tree(calls[gid], [r for r in res if r.group_id == gid])
+        body = page(eval_url, f"/group?{q(source='.', group=gid)}")
+        assert f'data-nodes="{tree.num_nodes}"' in body and len(tree.calls) == 2 * 2  # k=2 x the oracle's 2 calls
+        assert "Δlogprob: no RL update trains on results rollouts" in body
+        assert '<input type="radio" name="colour" value="dl" disabled>' in body
+
+
+def test_rollout_page_lists_the_files_the_agent_left(eval_out, eval_url):
+    """The runner's workspace changes against the kept workspace on disk: path, size and sha256 of each file the
+    oracle wrote (the make_file tasks have no inputs: everything there but the grader's reward/ is created)."""
+    for r in results(eval_out / "results.jsonl"):
+        ws = eval_out / "rollouts" / r.rollout_id / "workspace"
+        files = sorted((p.relative_to(ws).as_posix(), p) for p in ws.rglob("*")
+                       if p.is_file() and p.relative_to(ws).parts[0] != "reward")
+        assert files and r.meta["inputs_changed"] == [] and r.success()
+        want = [("created", rel, "file", str(p.stat().st_size), hashlib.sha256(p.read_bytes()).hexdigest()[:12])
+                for rel, p in files]
+        body = page(eval_url, f"/rollout?{q(source='.', id=r.rollout_id)}")
+        tab = re.search(r'<table class="changes">.*?</table>', body, re.S)[0]
+        got = re.findall(r'<tr class="change (\w+)" data-path="[^"]*"><td>\w+</td><td>([^<]*)</td><td>(\w+)</td>'
+                         r'<td class="num">(\d+)</td><td><code>(\w+)</code></td></tr>', tab)
+        assert [(c, html.unescape(path), k, n, h) for c, path, k, n, h in got] == want
+        assert "kept workspace: " in body and "workspace/" + files[0][0] in body
 
 
 def test_errors_are_precise_pages(url):
@@ -267,6 +419,23 @@ def test_chromium_draws_the_tree_from_the_pages_script(workdir, url):
     nodes = re.findall(r'<div class="tnode (gen|ctx)" data-seg="(\d+)" data-tokens="(\d+)"', dom)
     assert len(nodes) == expected_segments(tree) and sum(int(n) for *_, n in nodes) == tree.num_nodes
     assert f"{len(nodes)} segments drawn, {tree.num_nodes} token nodes" in dom
+    spans = re.findall(r'<span class="tok (gen|ctx)"[^>]*title="node (\d+) · id (\d+)', dom)  # the token view
+    assert [int(n) for _, n, _ in spans] == list(range(tree.num_nodes))
+    assert [int(t) for _, _, t in spans] == tree.tokens.tolist()
+    assert [k == "gen" for k, _, _ in spans] == tree.is_generated().tolist()
+
+
+def test_chromium_shows_each_heldout_cell_and_answer(workdir, url):
+    evals = {r.rollout_id: r for r in results(workdir / "eval" / "results.jsonl")}
+    dom = _chromium("--dump-dom", url + "/heldout").stdout
+    cells = re.findall(r'<div class="cell (pass|fail)" data-task="[^"]*" data-harness="[^"]*" data-version="(\d+)" '
+                       r'data-id="([^"]*)">.*?<div class="ans">(.*?)</div></div>', dom, re.S)
+    assert sorted(html.unescape(rid) for *_, rid, _ in cells) == sorted(evals)
+    for verdict, version, rid, ans in cells:
+        r = evals[html.unescape(rid)]
+        assert verdict == ("pass" if r.success() else "fail") and int(version) == int(ID_RE.match(r.rollout_id)[2])
+        final = r.meta.get("final_message") or ""
+        assert html.unescape(ans) == (final[:ANSWER_CHARS] if final.strip() else answer_of(r.meta))
 
 
 def test_screenshots_of_the_main_views(workdir, url, tmp_path):
@@ -275,7 +444,8 @@ def test_screenshots_of_the_main_views(workdir, url, tmp_path):
     shots = SHOTS if os.environ.get("HRL_WRITE_DOCS") == "1" else tmp_path
     shots.mkdir(parents=True, exist_ok=True)
     views = {"overview": "/", "rollout": f"/rollout?{q(source='rollouts', id=r.rollout_id)}",
-             "tree": f"/group?{q(source='rollouts', group=r.group_id)}", "heldout": "/heldout"}
+             "tree": f"/group?{q(source='rollouts', group=r.group_id)}", "heldout": "/heldout", "metrics": "/metrics"}
+    assert tuple(views) == VIEWS and {p.stem for p in SHOTS.glob("*.png")} == set(VIEWS)  # the docs show each
     for name, path in views.items():
         out = shots / f"{name}.png"
         out.unlink(missing_ok=True)

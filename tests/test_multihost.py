@@ -71,6 +71,8 @@ def test_pad_batch_equals_the_packers_own_empty_rows():
     assert p["loss_idx"].shape == (4, 6) and p["loss_valid"][:, 4:].sum() == 0 and p["loss_valid"][3].sum() == 0
     with pytest.raises(ValueError, match="cannot pad a batch of 3 rows down to 2"):
         per_process.pad_batch(small, rows=2)
+    with pytest.raises(KeyError, match="'extra'"):  # no padding is known for it: refused, not zero-filled
+        per_process.pad_batch({**small, "extra": np.ones((3, 128), np.float32)}, rows=4)
 
 
 def test_global_batch_one_process_shards_rows_over_the_mesh():

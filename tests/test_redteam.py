@@ -20,10 +20,14 @@ def tok(qwen3_tokenizer_dir):
     return load_tokenizer(qwen3_tokenizer_dir)
 
 
+REWARD_TIMEOUT_S = 20.0  # the checker's timeout in these runs (unless a test passes its own)
+
+
 def _suite(root: pathlib.Path, tok, backend_name: str, names=None, **kw):
     backend = get_backend(backend_name)
     ok, why = backend.available()
     assert ok, why
+    kw.setdefault("reward_timeout_s", REWARD_TIMEOUT_S)
     return asyncio.run(redteam.run_attacks(root, tok, backend, names, **kw))
 
 
@@ -50,7 +54,8 @@ def _check_all_defended(results, calls):
         assert r["in_batch"] and r["reward"] == redteam.FAILURE_REWARD and not r["sheltered"], (a.name, r)
         if a.status != "ok":
             assert r["cause"] == "policy", (a.name, r)
-        assert r["reward_s"] < 10, (a.name, r)  # nothing holds the checker until its timeout
+        # nothing holds the checker until its timeout: one that did would take REWARD_TIMEOUT_S or more
+        assert r["reward_s"] < REWARD_TIMEOUT_S / 2, (a.name, r)
     return report
 
 

@@ -74,7 +74,9 @@ def test_grpo_three_steps_mix_harness(tmp_path, parity_tasks):
                     "groups/reference", "groups/reference_b", "pos_token_share", "neg_token_share", "response_len",
                     "skipped"):
             assert key in r, key
-        assert r["rollout/generated_tokens"] > 0 and r["rollout/tokens_per_s"] > 0
+        # the rate is the step's own tokens over its own rollout time (not another step's, not another clock)
+        assert r["rollout/generated_tokens"] > 0 and r["rollout_s"] > 0
+        assert r["rollout/tokens_per_s"] == pytest.approx(r["rollout/generated_tokens"] / r["rollout_s"])
         assert r["tree_compression"] > 1.0  # the group's calls share their prompt
         if not r["skipped"]:  # a step with signal: the update and what it did to the batch
             for key in ("loss", "grad_norm", "update_norm", "clip_frac", "entropy", "mismatch_k3", "dlogp_pos",

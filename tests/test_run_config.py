@@ -1,8 +1,11 @@
 """The typed run config: every section typed, unknown keys named, invariants checked at start."""
 
+import dataclasses
+
 import pytest
 
 from configs import demo_cpu, qwen3_30b_a3b_gpu, qwen3_30b_a3b_tpu
+from research.rl import config as config_lib
 from research.rl.config import RunConfig, RunConfigError, defaults
 
 
@@ -73,6 +76,30 @@ def test_mesh_and_rows_are_checked_against_the_devices():
     cfg.mesh.update(data=3)
     with pytest.raises(RunConfigError, match="needs 3 devices, have 2"):
         RunConfig.of(cfg, num_devices=2)
+
+
+def test_a_run_is_validated_once_per_device_count(monkeypatch):
+    """The loop validates with the real device count, then its Learner asks again: the second ask is free, a
+    new count or a changed config is checked again, and the stamp never reaches config.json."""
+    run = RunConfig.of(_cfg(), num_devices=8)
+    calls = []
+    monkeypatch.setattr(config_lib, "validate", lambda r, num_devices=None: calls.append(num_devices))
+    assert RunConfig.of(run, num_devices=8) is run and calls == []
+    assert RunConfig.of(run, num_devices=16).validated_devices == 16 and calls == [16]
+    assert RunConfig.of(dataclasses.replace(run, seed=1), num_devices=16) and calls == [16, 16]
+    unchecked = RunConfig.of(_cfg(), check=False)
+    assert unchecked.validated_devices is None and RunConfig.of(unchecked, num_devices=8) and calls[-1] == 8
+    assert RunConfig.of(run, num_devices=1, check=False) and calls[-1] == 8  # check=False never validates
+    assert "_validated_devices" not in run.to_dict() and "validated_devices" not in run.to_dict()
+
+
+def test_a_run_that_fails_validation_is_not_stamped():
+    cfg = _cfg()
+    cfg.mesh.update(data=3)
+    run = RunConfig.of(cfg, check=False)
+    with pytest.raises(RunConfigError, match="needs 3 devices, have 2"):
+        RunConfig.of(run, num_devices=2)
+    assert run.validated_devices is None
 
 
 def test_real_scale_configs_are_consistent():

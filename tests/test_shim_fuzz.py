@@ -1,6 +1,7 @@
 """Bad input never crashes the shim nor corrupts the capture log: fuzzed bodies (hypothesis, bounded),
 truncated SSE, oversize bodies. Every answer is a 2xx or a 4xx in the called API's error shape, and
-the records agree with the answers (one ok record per 200 generation, none for a 4xx)."""
+the records agree with the answers: one ok record per 200 generation, none for a 4xx, and each record's
+completion tokens decode to exactly the text and tool calls (and token count) its client received."""
 
 import asyncio
 import json
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 from research.capture import read_log
 from research.models.tokenizer import load_tokenizer
 from research.serving.replay import ReplayEngine
+from research.shim.common import json_dumps
+from research.shim.parse import OutputParser, collect
 from research.shim.testing import running_shim
 
 NASTY = st.sampled_from(["\ud800", "a\udfffb", "\x00", "é🙂", "\u2028", "<|im_end|>", "<tool_call>", "", " "])
@@ -80,10 +83,87 @@ def assert_error_shape(path: str, body: bytes) -> None:
         assert set(d) == {"error"} and set(d["error"]) == {"message", "type", "param", "code"}, d
 
 
+def _sse_data(raw: bytes) -> list[dict]:
+    lines = raw.decode().splitlines()
+    return [json.loads(x[len("data: "):]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+
+
+def _chat_view(raw: bytes, streamed: bool) -> tuple[str, list, int | None]:
+    if not streamed:
+        d = json.loads(raw)
+        msg = d["choices"][0]["message"]
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls") or []]
+        return msg.get("content") or "", calls, d["usage"]["completion_tokens"]
+    text, calls, n = "", {}, None
+    for chunk in _sse_data(raw):
+        n = chunk["usage"]["completion_tokens"] if chunk.get("usage") else n
+        for choice in chunk.get("choices", []):
+            text += choice["delta"].get("content") or ""
+            for c in choice["delta"].get("tool_calls") or []:
+                name, args = calls.get(c["index"], ("", ""))
+                calls[c["index"]] = (name + c["function"].get("name", ""), args + c["function"].get("arguments", ""))
+    return text, [(name, json.loads(args)) for _, (name, args) in sorted(calls.items())], n
+
+
+def _messages_view(raw: bytes, streamed: bool) -> tuple[str, list, int | None]:
+    if not streamed:
+        d = json.loads(raw)
+        blocks, n = d["content"], d["usage"]["output_tokens"]
+    else:
+        blocks, partial, n = {}, {}, None
+        for ev in _sse_data(raw):
+            if ev["type"] == "content_block_start":
+                blocks[ev["index"]] = dict(ev["content_block"])
+            elif ev["type"] == "content_block_delta" and ev["delta"]["type"] == "text_delta":
+                blocks[ev["index"]]["text"] += ev["delta"]["text"]
+            elif ev["type"] == "content_block_delta" and ev["delta"]["type"] == "input_json_delta":
+                partial[ev["index"]] = partial.get(ev["index"], "") + ev["delta"]["partial_json"]
+            elif ev["type"] == "message_delta":
+                n = ev["usage"]["output_tokens"]
+        for i, js in partial.items():
+            blocks[i]["input"] = json.loads(js)
+        blocks = [blocks[i] for i in sorted(blocks)]
+    text = "".join(b["text"] for b in blocks if b["type"] == "text")
+    return text, [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"], n
+
+
+def _responses_view(raw: bytes, streamed: bool) -> tuple[str, list, int | None]:
+    # streamed: the final response event (completed or incomplete) carries every output item
+    d = json.loads(raw) if not streamed else [ev["response"] for ev in _sse_data(raw) if "response" in ev][-1]
+    text, calls = "", []
+    for it in d["output"]:
+        if it["type"] == "message":
+            text += "".join(part["text"] for part in it["content"])
+        elif it["type"] == "function_call":
+            name = f"{it['namespace']}__{it['name']}" if it.get("namespace") else it["name"]
+            calls.append((name, json.loads(it["arguments"])))
+        elif it["type"] == "custom_tool_call":
+            calls.append((it["name"], {"custom_input": it["input"]}))
+    return text, calls, (d.get("usage") or {}).get("output_tokens")
+
+
+VIEWS = {"/v1/chat/completions": _chat_view, "/v1/messages": _messages_view, "/v1/responses": _responses_view}
+
+
+def client_view(path: str, content_type: str, raw: bytes) -> tuple[str, list, int | None]:
+    """(text, [(tool name, arguments)], completion tokens if reported) of one 200 answer, as its client sees it."""
+    return VIEWS[path](raw, content_type.startswith("text/event-stream"))
+
+
+def record_view(tok, rec) -> tuple[str, list, int]:  # noqa: ANN001 - Tokenizer, CallRecord
+    """What the record's completion tokens decode to, in the same form (tool_choice "none": the tags stay text)."""
+    parser = OutputParser(tok, parse_tools=rec.meta.get("tool_choice") != "none")
+    out = collect(parser.feed(rec.completion_ids) + parser.finish())
+    custom = set(rec.meta.get("custom_tools") or ())
+    calls = [(c.name, {"custom_input": c.arguments["input"] if isinstance(c.arguments.get("input"), str)
+                       else json_dumps(c.arguments)} if c.name in custom else c.arguments) for c in out.tool_calls]
+    return out.content, calls, len(rec.completion_ids)
+
+
 def test_fuzzed_requests_never_5xx(tok, tmp_path):
     """Each fuzzed body gets a 2xx or a shaped 4xx; the server stays up; one ok record per 200 generation."""
     engine = ReplayEngine(['x <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', "plain"], tok, cycle=True)
-    seen = {"generations": 0}
+    answers = []  # (path, content type, body) of every 200 generation, in order: one client at a time
 
     async def go(bodies):
         async with running_shim(engine, tok, tmp_path / "log.jsonl", enforce_sessions=False) as srv, \
@@ -96,7 +176,7 @@ def test_fuzzed_requests_never_5xx(tok, tmp_path):
                     if r.status >= 400:
                         assert_error_shape(path, raw)
                     elif not path.endswith("count_tokens"):
-                        seen["generations"] += 1
+                        answers.append((path, r.headers.get("Content-Type", ""), raw))
             async with http.get(srv.url + "/") as r:
                 assert r.status == 200
 
@@ -111,9 +191,13 @@ def test_fuzzed_requests_never_5xx(tok, tmp_path):
     except BaseException as e:  # replayable: the same examples come back with this seed
         raise AssertionError(f"shim fuzz failed with seed {FUZZ_SEED}: rerun with HRL_FUZZ_SEED={FUZZ_SEED}") from e
     recs = list(read_log(tmp_path / "log.jsonl"))
-    assert len(recs) == seen["generations"] and all(r.status == "ok" for r in recs)
-    for rec in recs:
+    assert len(recs) == len(answers) and all(r.status == "ok" for r in recs)
+    for (path, ctype, raw), rec in zip(answers, recs):  # each record is committed before its answer ends
         rec.validate(vocab_size=tok.vocab_size)
+        text, calls, n = client_view(path, ctype, raw)
+        want_text, want_calls, want_n = record_view(tok, rec)
+        assert (text, calls) == (want_text, want_calls), (path, raw[:600], tok.decode(rec.completion_ids))
+        assert n is None or n == want_n, (path, n, want_n)  # a streamed chat reports usage only when asked
 
 
 def test_truncated_sse_clients_and_oversize_bodies(tok, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import importlib
 import json
 import pathlib
@@ -139,6 +140,10 @@ class Harness(abc.ABC):
     # tasks: harness_env/web/browser.py), "only" (a browser agent: web tasks only).
     browser: ClassVar[str] = "none"
     extra_packages: ClassVar[tuple[NpmPackage, ...]] = ()  # installed beside `package` (the MCP browser server)
+    # host paths its browser needs in the sandbox on web tasks (the MCP recorder: harness_env/web/browser.mounts()),
+    # declared by the harness that picks the browser: harness_env/web/browser.py imports this package's install.py,
+    # so this module cannot import it back
+    browser_mounts: ClassVar[tuple[pathlib.Path, ...]] = ()
     # Tokens of the harness's first model request with the Qwen3 template (system prompt, tool schemas, the task),
     # measured on ClawGym tasks: the engine's context must hold it and the turns after it (`context_for`).
     first_request_tokens: ClassVar[int] = 1024
@@ -171,9 +176,7 @@ class Harness(abc.ABC):
         the browser tooling of harness_env/web)."""
         paths = [install_dir(p) for p in (self.node, self.package) if p is not None]
         if web and self.browser != "none":
-            from harness_env.web import browser
-
-            paths += [install_dir(p) for p in self.extra_packages] + browser.mounts()
+            paths += [install_dir(p) for p in self.extra_packages] + list(self.browser_mounts)
         return paths
 
     def executable(self) -> str:
@@ -212,8 +215,6 @@ class Harness(abc.ABC):
         documented flags (argv), its environment and every config file `prepare` wrote into HOME (content up to
         64 KiB, else a sha256), the session's key redacted everywhere. Nothing else configures it: the installed
         files are the registry's (harness_env/harnesses/verify.py)."""
-        import hashlib
-
         def clean(text: str) -> str:
             return text.replace(ctx.api_key, "<redacted>") if ctx.api_key else text
 

@@ -40,6 +40,7 @@ class ClaudeCode(Harness):
     max_retries = 2  # it retries 5xx/429 ~11 times with backoff by default: too slow for a failing rollout
     browser = "mcp"
     extra_packages = (web_browser.PLAYWRIGHT_MCP,)
+    browser_mounts = tuple(web_browser.mounts())
     mcp_config_file = ".hrl/claude-mcp.json"
 
     async def prepare(self, host_home, ctx: SessionContext) -> None:  # noqa: ANN001 - pathlib.Path

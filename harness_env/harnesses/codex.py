@@ -48,6 +48,7 @@ class Codex(Harness):
     max_retries = 2
     browser = "mcp"
     extra_packages = (web_browser.PLAYWRIGHT_MCP,)
+    browser_mounts = tuple(web_browser.mounts())
 
     def config_toml(self, ctx: SessionContext) -> str:
         q = _toml_str

@@ -13,7 +13,6 @@ PyPI harnesses (browser-use) get the same treatment with a venv per pinned packa
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import fcntl
@@ -189,38 +188,3 @@ async def ensure_py_installed(pkg: PyPackage, *, root: pathlib.Path | None = Non
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
     return final / "bin" / "python"
-
-
-def main(argv: list[str] | None = None) -> int:
-    from harness_env.harnesses.base import get_harness, harness_names
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", help="harness names (default: all npm harnesses)")
-    args = ap.parse_args(argv)
-    names = args.names or [n for n in harness_names() if get_harness(n).npm_packages() or get_harness(n).py_packages()]
-    failed = 0
-    for name in names:
-        harness = get_harness(name)
-        for py in harness.py_packages():
-            t0 = time.monotonic()
-            try:
-                path = asyncio.run(ensure_py_installed(py))
-            except InstallError as e:
-                print(f"[install] {name}: {py.spec} FAILED: {e}", file=sys.stderr)
-                failed += 1
-                continue
-            print(f"[install] {name}: {py.spec} -> {path} ({time.monotonic() - t0:.1f} s)")
-        for pkg in harness.npm_packages():
-            t0 = time.monotonic()
-            try:
-                path = asyncio.run(ensure_installed(pkg, node=harness.node if pkg is not harness.node else None))
-            except InstallError as e:
-                print(f"[install] {name}: {pkg.spec} FAILED: {e}", file=sys.stderr)
-                failed += 1
-                continue
-            print(f"[install] {name}: {pkg.spec} -> {path} ({time.monotonic() - t0:.1f} s)")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

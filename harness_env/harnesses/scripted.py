@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from harness_env.harnesses.base import Harness
+from harness_env.harnesses.base import Harness, get_harness
 
 TOOL_RESPONSE = "<tool_response>"
 TOOLS_BLOCK = "<tools>"
@@ -50,8 +50,6 @@ def per_task_policy(harness_name: str, plans: dict[str, tuple[Sequence[str], str
                     decode: Callable[[list[int]], str]) -> Callable:
     """A `ReplayEngine` script for many tasks at once: for the task whose marker (a piece of its query) is in the
     rendered prompt, run its commands with this harness's own shell tool, then answer its final message."""
-    from harness_env.harnesses.base import get_harness
-
     harness = get_harness(harness_name)
 
     def reply(req) -> str:  # noqa: ANN001 - research.serving.api.GenerateRequest

@@ -27,6 +27,7 @@ import sys
 import tarfile
 import tempfile
 
+from harness_env.harnesses.base import get_harness, harness_names
 from harness_env.harnesses.install import NpmPackage, cache_root, install_dir
 
 TARBALLS = pathlib.Path(os.environ.get("HARNESS_RL_NPM_TARBALLS", "/opt/harness-rl/npm-tarballs"))
@@ -136,8 +137,6 @@ def verify(pkg: NpmPackage, root: pathlib.Path | None = None) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    from harness_env.harnesses import get_harness, harness_names
-
     names = argv or [n for n in harness_names() if getattr(get_harness(n), "package", None) is not None]
     bad = 0
     for n in names:

@@ -10,10 +10,12 @@ time, so the image is a few KB, builds in well under a second, and has exactly t
 from __future__ import annotations
 
 import io
+import os
 import sys
 import tarfile
 
 IMAGE = "harness-rl/sandbox:latest"
+OUR_SOCKET = "/run/harness-rl-docker.sock"  # the dockerd that .ci/setup.d/30-docker.sh starts
 DIRS = ("usr", "etc", "tmp", "workspace", "home", "home/agent", "run", "run/hrl", "opt", "opt/hrl", "proc", "dev",
         "sys", "root", "var", "var/tmp", "reward")
 LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64", "sbin": "usr/sbin"}
@@ -46,6 +48,16 @@ def rootfs_tar() -> bytes:
     return buf.getvalue()
 
 
+def docker_client():
+    """A client of our dockerd when it runs (else DOCKER_HOST / the default socket). Here, below the docker
+    backend that also uses it: this module's `main` needs it too, and the backend imports this module."""
+    import docker  # the SDK is slow to import: only where a client is made
+
+    if "DOCKER_HOST" not in os.environ and os.path.exists(OUR_SOCKET):
+        return docker.DockerClient(base_url=f"unix://{OUR_SOCKET}")
+    return docker.from_env()
+
+
 def build(client, image: str = IMAGE, if_missing: bool = False) -> str:
     """Imports the rootfs as `image`; returns its id. `client` is a docker.DockerClient."""
     import docker.errors
@@ -62,8 +74,6 @@ def build(client, image: str = IMAGE, if_missing: bool = False) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from harness_env.sandbox.docker_sandbox import docker_client
-
     image_id = build(docker_client(), if_missing="--if-missing" in argv)
     print(f"{IMAGE} {image_id}")
     return 0

@@ -27,7 +27,7 @@ function node(s){
     new URLSearchParams(location.search)),{tpage:s.page})).toString()+'#seg-'+s.id;
   a.textContent=(s.gen?'generated':'context')+' · '+s.len+' tok';div.appendChild(a);
   var info=' · '+s.calls+' calls · '+s.rollouts.join(',')+' · reward '+f(s.reward);
-  if(s.gen)info+=' · adv '+f(s.adv)+' · push '+f(s.push)+' · logp '+f(s.lp);
+  if(s.gen)info+=' · adv '+f(s.adv)+' · push '+f(s.push)+' · logp '+f(s.lp)+(s.dl===null?'':' · Δlogp '+f(s.dl));
   if(s.ends.length)info+=' · ends '+s.ends.join(',');
   div.appendChild(document.createTextNode(info));
   if(s.gen&&s.adv!==null)div.style.borderColor=s.adv>0?'#2a9d4b':(s.adv<0?'#d33':'#ccc');
@@ -117,7 +117,7 @@ def rollout_page(run: Run, src: Source, row: Row, res: RolloutResult, calls: lis
 
 
 def _files_html(run: Run, src: Source, res: RolloutResult, meta: dict, files: list[str]) -> str:
-    out = ["<h2>workspace changes</h2>"]
+    out = ["<h2>workspace changes</h2>", _changes_table(meta)]
     changed = meta.get("inputs_changed") or []
     out.append(f"<p>input files changed: {esc(', '.join(map(str, changed))) if changed else 'none'}</p>")
     if meta.get("tampered"):
@@ -136,6 +136,22 @@ def _files_html(run: Run, src: Source, res: RolloutResult, meta: dict, files: li
     out.append("<h2>harness logs</h2>" + (" · ".join(_file_link(run, src, res, f) for f in logs) if logs else
                                           '<p class="muted">none kept</p>'))
     return "".join(out)
+
+
+def _changes_table(meta: dict) -> str:
+    """The runner's `workspace_changes` (harness_env/workspace_changes.py): created / modified / deleted files."""
+    ch = meta.get("workspace_changes")
+    if not isinstance(ch, list):
+        return '<p class="muted">the runner recorded no workspace changes (a result from before they were kept)</p>'
+    if not ch:
+        return "<p>the agent left the workspace as it found it</p>"
+    rows = (f'<tr class="change {esc(str(c.get("change")))}" data-path="{esc(str(c.get("path")))}">'
+            f'<td>{esc(str(c.get("change")))}</td><td>{esc(str(c.get("path")))}</td><td>{esc(str(c.get("kind")))}</td>'
+            f'<td class="num">{esc(fmt(c.get("size")))}</td><td><code>{esc(str(c.get("sha256") or "—"))}</code></td>'
+            "</tr>" for c in ch if isinstance(c, dict))
+    more = meta.get("workspace_changes_more")
+    tail = f'<p class="muted">and {esc(fmt(more))} more, not listed</p>' if more else ""
+    return table(["change", "path", "kind", "bytes", "sha256"], rows, "changes") + tail
 
 
 def _file_url(run: Run, src: Source, res: RolloutResult, rel: str) -> str:
@@ -183,7 +199,9 @@ def group_page(run: Run, src: Source, gid: str, rows: list[Row], view: T.TreeVie
             f'<script type="application/json" id="tree-data">{T.tree_json(view, text)}</script>',
             '<h2>tokens</h2><p>colour generated tokens by <label><input type="radio" name="colour" value="lp" '
             'checked> behaviour logprob</label> <label><input type="radio" name="colour" value="ad"> advantage'
-            f'</label> · token page {nav}</p>',
+            '</label> <label><input type="radio" name="colour" value="dl"'
+            f'{"" if view.node_dlogp is not None else " disabled"}> Δlogprob (after the step)</label> · token page '
+            f'{nav}</p><p class="muted" id="dlogp-note">Δlogprob: {esc(view.dlogp_note)}</p>',
             f'<div id="tokview" class="tokens by-lp" data-page="{tpage}">{T.token_html(view, text, tpage)}</div>',
             "<h2>rollouts</h2>" + rollout_rows(run, rows), f"<script>{TREE_JS}</script>"]
     return layout(f"group {gid}", "".join(body), run, multi)

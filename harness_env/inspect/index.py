@@ -11,6 +11,7 @@ What it understands (harness_env/rl/loop.py, harness_env/runner.py, launch.eval)
   RUN/rollouts/results.jsonl  + RUN/capture.jsonl       train rollouts (ids train{step:05d}[r{round}].…)
   RUN/eval/results.jsonl      + RUN/eval_capture.jsonl  held-out evals (ids eval{version:05d}.…)
   RUN/demos/rollouts/results.jsonl + RUN/demos/capture.jsonl
+  RUN/dlogp/step{V:05d}.npz                             Δlogprob of the tokens update V trained (the group page)
   OUT/results.jsonl           + OUT/capture.jsonl       a `launch.eval --out=OUT` dir (ids without a step)
   <results dir>/rollouts/<rollout id>/logs/…            a rollout's harness logs and screenshots
 A root given to the viewer is a run or a folder whose runs lie up to three levels below it (a launch.sweep dir).

@@ -44,6 +44,7 @@ ul.tree.top{border:none;padding-left:0}
 .tokens{font-family:monospace;white-space:pre-wrap;word-break:break-all;line-height:1.7}
 .seg{margin:6px 0;padding:4px;border:1px solid #eee}.seghead{font:11px system-ui;color:#666}
 .tok.ctx{color:#777}.by-lp .tok.gen{background:var(--lp)}.by-ad .tok.gen{background:var(--ad)}
+.by-dl .tok.gen{background:var(--dl)}
 .tok:hover{outline:1px solid #333}.ans{max-height:140px;overflow:auto;white-space:pre-wrap;font-family:monospace}
 img.shot{max-width:420px;border:1px solid #ccc;margin:4px}.small svg{width:350px;height:auto}
 .small .empty{width:350px}.row{display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start}

@@ -2,7 +2,8 @@
 
 Every page request first refreshes the index (only bytes appended since the previous request are read, in a
 worker thread), so the pages follow a live run. Trees are rebuilt with the trainer's code in a worker thread and
-cached per group until the group's logs grow. Nothing here opens a workdir file for writing.
+cached per group until the group's logs grow. The tokenizer and the tree code load before the server answers, so
+no page pays for them (the first group page took 2.07 s). Nothing here opens a workdir file for writing.
 
 Why a Content-Security-Policy that allows nothing from elsewhere: the page must work offline, and a policy's
 output is shown verbatim; even if an escape were missed, no outside script, style or image could load.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import importlib
 import logging
 import mimetypes
 import os
@@ -24,6 +26,7 @@ from harness_env.inspect import charts, detail, pages
 from harness_env.inspect import queries as Q
 from harness_env.inspect import tree_view as T
 from harness_env.inspect.index import Run, Source, WorkdirIndex
+from research.rl import dlogp
 
 log = logging.getLogger(__name__)
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src 'self'; "
@@ -31,6 +34,7 @@ CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline
 TEXT_SUFFIXES = {".txt", ".log", ".json", ".jsonl", ".md", ".py", ".sh", ".csv", ".yaml", ".yml", ""}
 MAX_FILE = 20 << 20
 TREE_CACHE = 16
+DLOGP_CACHE = 8
 
 
 class NotFound(Exception):
@@ -48,6 +52,7 @@ class Viewer:
         self.index = WorkdirIndex(root)
         self._toks: dict[str, object] = {}
         self._trees: collections.OrderedDict = collections.OrderedDict()
+        self._dlogp: dict[pathlib.Path, tuple[float, dict]] = {}  # dlogp file -> (mtime, its calls)
 
     def run(self, name: str | None) -> Run:
         try:
@@ -79,9 +84,24 @@ class Viewer:
                 self._toks[name] = T.TokenText(None)
         return self._toks[name]
 
+    async def warm(self) -> None:
+        """What the first group pages would otherwise pay (measured: 2.07 s, mostly the tokenizer): the tree code's
+        imports (JAX, via the advantage estimators), the estimator compiled for the group sizes of every run found
+        at start (tree_view.occurrence_advantages) and each run's tokenizer."""
+        await asyncio.to_thread(importlib.import_module, "research.trees.targets")
+        for run in list(self.index.runs.values()):
+            await self.text(run)
+            per_group = [collections.Counter(r.gid for r in s.rows.values()) for s in run.sources.values()]
+            sizes = {n for c in per_group for n in c.values()}
+            est = (run.config.get("rl") or {}).get("estimator", "grpo")
+            await asyncio.to_thread(T.warm_estimator, est if est in _group_estimators() else "grpo", sizes)
+
     async def tree(self, run: Run, src: Source, gid: str, rows: list) -> tuple[T.TreeView | None, str]:
         refs = list(src.calls_by_group.get(gid, []))
-        key = (run.name, src.key, gid, len(refs), tuple((r.rid, r.status, r.reward) for r in rows))
+        trained = sorted({run.ledger[r.rid][0] for r in rows if run.ledger.get(r.rid, (0, ""))[1] == "trained"})
+        dl_path = dlogp.path_of(run.dir, trained[-1]) if trained else None
+        dl_mtime = _mtime(dl_path)
+        key = (run.name, src.key, gid, len(refs), tuple((r.rid, r.status, r.reward) for r in rows), dl_path, dl_mtime)
         if key in self._trees:
             self._trees.move_to_end(key)
             return self._trees[key]
@@ -94,15 +114,52 @@ class Viewer:
             try:
                 results = [Q.read_result(src, r) for r in rows]
                 calls = T.read_calls(src.capture, refs, by_id.get)
-                return T.build_view(calls, results, estimator=rl.get("estimator", "grpo"),
-                                    aggregation=rl.get("aggregation", "token_mean")), ""
+                view = T.build_view(calls, results, estimator=rl.get("estimator", "grpo"),
+                                    aggregation=rl.get("aggregation", "token_mean"))
             except (ValueError, OSError) as e:  # CaptureError (a prompt_ref that does not resolve), a vanished log
                 return None, f"{type(e).__name__}: {e}"
+            if dl_path is not None:
+                self._attach_dlogp(view, dl_path, dl_mtime, trained[-1])
+            elif src.label != "train":
+                view.dlogp_note = f"no RL update trains on {src.label} rollouts"
+            return view, ""
 
         out = self._trees[key] = await asyncio.to_thread(build)
         while len(self._trees) > TREE_CACHE:
             self._trees.popitem(last=False)
         return out
+
+
+    def _attach_dlogp(self, view: T.TreeView, path: pathlib.Path, mtime: float | None, step: int) -> None:
+        """The Δlogprob of update `step` on the view (its file read once per mtime, kept for DLOGP_CACHE files)."""
+        if mtime is None:
+            view.dlogp_note = (f"update {step} wrote no {path.relative_to(path.parents[1])}: a step skipped (no loss "
+                               "token had an advantage), train.diagnostics off, or more loss tokens than "
+                               "metrics.dlogp_tokens")
+            return
+        hit = self._dlogp.get(path)
+        if hit is None or hit[0] != mtime:
+            try:
+                hit = self._dlogp[path] = (mtime, dlogp.load(path))
+            except (OSError, ValueError, KeyError) as e:
+                view.dlogp_note = f"{path}: unreadable ({type(e).__name__}: {e})"
+                return
+            while len(self._dlogp) > DLOGP_CACHE:
+                self._dlogp.pop(next(iter(self._dlogp)))
+        T.attach_dlogp(view, hit[1].get((view.tree.group_id, view.tree.harness), {}), step)
+
+
+def _group_estimators() -> set[str]:
+    from research.advantages import GROUP_ESTIMATORS
+
+    return set(GROUP_ESTIMATORS)
+
+
+def _mtime(path: pathlib.Path | None) -> float | None:
+    try:
+        return path.stat().st_mtime if path is not None else None
+    except OSError:
+        return None
 
 
 VIEWER = web.AppKey("viewer", Viewer)
@@ -279,6 +336,7 @@ async def start(root: str | os.PathLike, host: str = "127.0.0.1", port: int = 0)
     """Starts the viewer in the running loop; (runner, base URL). `port=0`: a free port. Stop: runner.cleanup()."""
     app = make_app(root)
     await app[VIEWER].index.refresh()
+    await app[VIEWER].warm()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

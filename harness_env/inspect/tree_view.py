@@ -5,6 +5,9 @@ must show what the update pushed, node for node, not a re-tokenised approximatio
 token; the page draws *segments*: maximal single-child chains that start at a root, after a branch, after a
 call's last token, or where context turns into generated tokens (so a call's completion is one segment and the
 prompts' shared prefix is merged into one). Segments are contiguous node ranges of the DFS pre-order.
+
+Δlogprob (after the step): the update that trained the group (ledger.jsonl) wrote new_logp - behav_logp of its
+tokens per call (research/rl/dlogp.py); `attach_dlogp` maps them onto this tree's nodes through its calls.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 from harness_env.inspect.index import CallRef
 from research.capture import CallRecord, PromptResolver, RolloutResult
+from research.rl import dlogp
 from research.trees.builder import GroupTree, build_tree
 
 TOKENS_PER_PAGE = 4000
@@ -55,10 +59,45 @@ class TreeView:
     node_adv: np.ndarray  # [N] mean advantage of the node's loss occurrences (nan: context)
     node_push: np.ndarray  # [N] sum of coef * advantage: what the loss pushes on the node
     labels: dict[str, str]  # rollout id -> short label (r0, r1, ...)
+    node_dlogp: np.ndarray | None = None  # [N] new_logp - behav_logp after the update that trained it (nan: none)
+    dlogp_note: str = "no update has trained this group yet (ledger.jsonl)"  # what the Δlogprob colouring shows
 
     @property
     def num_segments(self) -> int:
         return int(self.seg_start.shape[0])
+
+
+def bucket(n: int) -> int:
+    """The padded reward count of a group of n rollouts: a power of two, at least 8."""
+    return max(8, 1 << max(0, n - 1).bit_length())
+
+
+def occurrence_advantages(tree: GroupTree, estimator: str) -> np.ndarray:
+    """[O] what research.trees.targets.rollout_advantages gives the lone tree, with the rewards padded to
+    `bucket(n)` by a second, dummy group (the estimators normalise within each group, so the real one's values
+    are unchanged). Why: JAX compiles the estimator for every new reward count, 0.34 s per group size measured;
+    padded, once per bucket (which the server warms at start)."""
+    from research import advantages as adv_lib
+
+    rids = list(dict.fromkeys(c.rollout_id for c in tree.calls))
+    reward = {c.rollout_id: c.reward for c in tree.calls}
+    n, size = len(rids), bucket(len(rids))
+    r, g = np.zeros(size, np.float32), np.ones(size, np.int32)
+    r[:n], g[:n] = [reward[x] for x in rids], 0
+    adv = np.asarray(adv_lib.group_advantages(estimator, rewards_N=r, group_ids_N=g, num_groups=2))[:n]
+    at = {x: i for i, x in enumerate(rids)}
+    return adv[[at[tree.calls[ci].rollout_id] for ci in tree.occ_call.tolist()]].astype(np.float32)
+
+
+def warm_estimator(estimator: str, sizes: set[int]) -> None:
+    """Compiles the estimator for every bucket up to the largest of these group sizes (the server's start; a
+    group's ok rollouts, which its tree holds, may be fewer than its rollouts)."""
+    from research import advantages as adv_lib
+
+    top = bucket(max(sizes, default=0))
+    for size in (b for b in (1 << k for k in range(3, 31)) if b <= top):
+        adv_lib.group_advantages(estimator, rewards_N=np.zeros(size, np.float32),
+                                 group_ids_N=np.ones(size, np.int32), num_groups=2)
 
 
 def segment(tree: GroupTree) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +119,7 @@ def build_view(calls: list[CallRecord], results: list[RolloutResult], *, estimat
     """The tree of the group's ok calls of ok rollouts (what the trainer may train on), with GRPO-family
     advantages; ValueError when no rollout of the group can be in a tree."""
     from research.advantages import GROUP_ESTIMATORS
-    from research.trees.targets import node_stats, rollout_advantages
+    from research.trees.targets import node_stats
 
     excluded = {r.rollout_id: f"status {r.status}" for r in results if r.status != "ok" or r.reward is None}
     ok = [r for r in results if r.rollout_id not in excluded]
@@ -93,7 +132,7 @@ def build_view(calls: list[CallRecord], results: list[RolloutResult], *, estimat
         raise ValueError("no rollout of this group finished ok with a captured call: nothing to build a tree of")
     tree = build_tree(use, ok)
     shown = estimator if estimator in GROUP_ESTIMATORS else "grpo"
-    (occ_adv,) = rollout_advantages([tree], estimator=shown)
+    occ_adv = occurrence_advantages(tree, shown)
     stats = node_stats(tree, occ_adv=occ_adv, agg_name=aggregation)
     n = tree.num_nodes
     adv_sum, cnt = np.zeros(n), np.zeros(n)
@@ -110,6 +149,24 @@ def build_view(calls: list[CallRecord], results: list[RolloutResult], *, estimat
                     node_adv=np.where(cnt > 0, adv_sum / np.maximum(cnt, 1), np.nan),
                     node_push=(stats["adv_pos"] + stats["adv_neg"]).astype(np.float64),
                     labels={r: f"r{i}" for i, r in enumerate(rids)})
+
+
+def attach_dlogp(view: TreeView, per_call: dict[dlogp.CallKey, np.ndarray], step: int) -> None:
+    """The Δlogprob of update `step` on the view's nodes (from that update's file: the group's calls)."""
+    d = dlogp.on_tree(view.tree, per_call)
+    gen = view.tree.is_generated()
+    known = int(np.isfinite(d[gen]).sum())
+    if not known:
+        view.dlogp_note = f"the file of update {step} holds none of this group's calls"
+        return
+    view.node_dlogp = d
+    view.dlogp_note = (f"update {step}: new - behaviour log-prob of {known} of {int(gen.sum())} generated tokens "
+                       f"(colour scale ±{dlogp_scale(view):.3g})")
+
+
+def dlogp_scale(view: TreeView) -> float:
+    d = view.node_dlogp
+    return float(np.nanmax(np.abs(d))) if d is not None and np.isfinite(d).any() else 0.0
 
 
 class TokenText:
@@ -153,6 +210,8 @@ def tree_json(view: TreeView, text: TokenText) -> str:
             adv=_f(np.nanmean(view.node_adv[a:b])) if g.any() else None,
             push=_f(view.node_push[a:b].sum()) if g.any() else None,
             lp=_f(t.behav_logp[a:b][g].mean()) if g.any() else None,
+            dl=_f(np.nanmean(view.node_dlogp[a:b][g])) if g.any() and view.node_dlogp is not None
+            and np.isfinite(view.node_dlogp[a:b][g]).any() else None,
             page=a // TOKENS_PER_PAGE, text=preview))
     doc = {"segments": segs, "nodes": t.num_nodes, "labels": {v: k for k, v in view.labels.items()}}
     return json.dumps(doc).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -162,10 +221,11 @@ def _lp_colour(lp: float) -> str:
     return f"hsl({120 * math.exp(min(lp, 0.0)):.0f},75%,80%)"
 
 
-def _adv_colour(a: float) -> str:
-    if not math.isfinite(a) or a == 0:
+def _adv_colour(a: float, scale: float = 2.0) -> str:
+    """Green up, red down, the strength |a| / scale (advantages: / 2; Δlogprob: / the tree's largest |Δ|)."""
+    if not math.isfinite(a) or a == 0 or scale <= 0:
         return "transparent"
-    alpha = min(1.0, abs(a) / 2) * 0.8 + 0.1
+    alpha = min(1.0, abs(a) / scale) * 0.8 + 0.1
     return f"rgba(40,160,60,{alpha:.2f})" if a > 0 else f"rgba(220,60,50,{alpha:.2f})"
 
 
@@ -174,7 +234,7 @@ def token_html(view: TreeView, text: TokenText, page: int) -> str:
     t = view.tree
     gen = t.is_generated()
     lo, hi = page * TOKENS_PER_PAGE, min(t.num_nodes, (page + 1) * TOKENS_PER_PAGE)
-    out, cur = [], -1
+    out, cur, scale = [], -1, dlogp_scale(view)
     for n in range(lo, hi):
         s = int(view.seg_of[n])
         if s != cur:
@@ -187,10 +247,12 @@ def token_html(view: TreeView, text: TokenText, page: int) -> str:
         tok = html.escape(text(int(t.tokens[n])))
         if gen[n]:
             lp, a, push = float(t.behav_logp[n]), float(view.node_adv[n]), float(view.node_push[n])
+            d = float(view.node_dlogp[n]) if view.node_dlogp is not None else math.nan
             title = (f"node {n} · id {int(t.tokens[n])} · logp {lp:.3f} · adv {a:+.3f} · push {push:+.4f} · "
-                     f"v{int(t.weight_version[n])}")
-            out.append(f'<span class="tok gen" style="--lp:{_lp_colour(lp)};--ad:{_adv_colour(a)}" '
-                       f'title="{html.escape(title)}">{tok}</span>')
+                     f"v{int(t.weight_version[n])}" + (f" · Δlogp {d:+.4f}" if math.isfinite(d) else ""))
+            dl = f' data-dl="{d:.7g}"' if math.isfinite(d) else ""
+            out.append(f'<span class="tok gen" style="--lp:{_lp_colour(lp)};--ad:{_adv_colour(a)};'
+                       f'--dl:{_adv_colour(d, scale)}"{dl} title="{html.escape(title)}">{tok}</span>')
         else:
             out.append(f'<span class="tok ctx" title="node {n} · id {int(t.tokens[n])} · context">{tok}</span>')
     if cur >= 0:

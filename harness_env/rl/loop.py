@@ -34,8 +34,9 @@ from research.data.pipeline import step_stream
 from research.data.shards import seal_log
 from research.models.tokenizer import load_tokenizer
 from research.rl import batches as B
+from research.rl import dlogp
 from research.rl.config import RunConfig
-from research.rl.console import Progress
+from research.rl.console import Progress, close_bars
 from research.rl.metrics import MetricsWriter, plot_rewards, rollout_metrics
 from research.rl.run_state import RunState
 from research.rl.sync import get_sync
@@ -122,7 +123,8 @@ class Loop:
         self.train_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok)
         self.eval_rollouts = R.RolloutService(self.run, self.workdir, self.engine, self.tok, name="eval",
                                               capture_path=self.workdir / "eval_capture.jsonl",
-                                              sampling={"temperature": self.run.eval.temperature})
+                                              sampling={"temperature": self.run.eval.temperature},
+                                              progress=True)  # an "eval" bar, on a terminal only
         self.train_tasks = R.task_dirs(self.run.tasks, self.workdir, "train")
         self.eval_tasks = R.task_dirs(self.run.tasks, self.workdir, "heldout")
         if self.run.tasks.validate:
@@ -131,6 +133,7 @@ class Loop:
         try:
             await self._phases()
         finally:
+            close_bars()  # a phase that ended by an error leaves its bar open
             await self.train_rollouts.close()
             await self.eval_rollouts.close()
             await self.engine.close()
@@ -225,6 +228,9 @@ class Loop:
             m["train_s"] = time.monotonic() - t
             m["trained_tokens_per_s"] = batch.tree_tokens / max(m["train_s"], 1e-9)
         self.state.meta["rl_step"] += 1
+        if not batch.empty and self.learner.last_dlogp is not None:  # the viewer's token view: this update's effect
+            await asyncio.to_thread(dlogp.save, dlogp.path_of(self.workdir, self.state.version), batch.trees,
+                                    self.learner.last_dlogp)
         # pushed even when nothing was trained: the engine tags generations with the new version (unchanged
         # weights), so staleness keeps counting versions the learner really moved through
         m["sync_s"] = await self.push_weights()

@@ -135,7 +135,7 @@ class RolloutService:
 
     def __init__(self, cfg, workdir: pathlib.Path, engine, tokenizer, *,
                  name: str = "rollouts", capture_path: pathlib.Path | None = None, sampling: dict | None = None,
-                 backend=None, max_new_tokens: int | None = None):
+                 backend=None, max_new_tokens: int | None = None, progress: bool | None = None):
         self.cfg, self.workdir, self.engine = cfg, workdir, engine
         harness_weights(cfg)  # unknown harness names fail here, before any sandbox starts
         self.capture_path = capture_path or workdir / "capture.jsonl"
@@ -153,7 +153,8 @@ class RolloutService:
             reward_timeout_s=r.reward_timeout_s, infra_retries=r.infra_retries, max_turns=r.max_turns,
             limits=Limits(cpus=r.sandbox_cpus, memory_mb=r.sandbox_memory_mb, pids=512, wall_s=r.timeout_s + 30,
                           workspace_mb=r.workspace_mb, home_mb=r.home_mb),
-            progress=r.progress, undeclared_inputs=cfg.tasks.undeclared_inputs)
+            progress=r.progress if progress is None else progress, progress_label=name,
+            undeclared_inputs=cfg.tasks.undeclared_inputs)
         self.runner = Runner(self.runner_cfg, self.shim, capture_log=self.capture, backend=backend)
         self._started = False
 

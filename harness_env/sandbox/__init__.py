@@ -1,5 +1,6 @@
 """Sandboxes for rollouts: one async interface (base.py), backends bwrap (default), docker, kubernetes."""
 
+from harness_env.sandbox.backends import get_backend
 from harness_env.sandbox.base import (
     HOME,
     LABEL,
@@ -12,7 +13,6 @@ from harness_env.sandbox.base import (
     SandboxError,
     SandboxSpec,
     SandboxStartError,
-    get_backend,
     register_backend,
 )
 

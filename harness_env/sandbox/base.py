@@ -217,25 +217,18 @@ class Backend(abc.ABC):
         return True, ""
 
 
-_BACKENDS: dict[str, Callable[..., Backend]] = {}
+# name -> factory, filled by @register_backend as each backend's module loads (harness_env/sandbox/backends.py
+# imports the built-in ones and looks names up here)
+BACKENDS: dict[str, Callable[..., Backend]] = {}
 
 
 def register_backend(name: str):
     def deco(factory):
         factory.name = name
-        _BACKENDS[name] = factory
+        BACKENDS[name] = factory
         return factory
 
     return deco
-
-
-def get_backend(name: str, **kwargs) -> Backend:
-    # Imports register the built-in backends lazily (docker/kubernetes SDKs are slow to import).
-    from harness_env.sandbox import bwrap, docker_sandbox, kubernetes_sandbox  # noqa: F401
-
-    if name not in _BACKENDS:
-        raise KeyError(f"unknown sandbox backend {name!r}; known: {sorted(_BACKENDS)}")
-    return _BACKENDS[name](**kwargs)
 
 
 OUTPUT_CAP = 1 << 20  # bytes of each stream an exec keeps (its tail): what `decode` returns anyway

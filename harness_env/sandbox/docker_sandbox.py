@@ -23,7 +23,7 @@ import socket
 import tarfile
 import time
 
-from harness_env.images.build import IMAGE
+from harness_env.images.build import IMAGE, docker_client
 from harness_env.images.build import build as build_image
 from harness_env.sandbox import disk, reaper
 from harness_env.sandbox import limits as limits_mod
@@ -47,16 +47,7 @@ from harness_env.sandbox.base import (
 from harness_env.sandbox.bwrap import ETC_PASSTHROUGH
 from harness_env.sandbox.forwarder import READY
 
-OUR_SOCKET = "/run/harness-rl-docker.sock"  # the dockerd that .ci/setup.d/30-docker.sh starts
 UID = 1000
-
-
-def docker_client():
-    import docker
-
-    if "DOCKER_HOST" not in os.environ and os.path.exists(OUR_SOCKET):
-        return docker.DockerClient(base_url=f"unix://{OUR_SOCKET}")
-    return docker.from_env()
 
 
 def _chown_tree(root: pathlib.Path, uid: int) -> None:

@@ -168,10 +168,11 @@ def _digest_nofollow(root: pathlib.Path, rel: str, size: int) -> tuple[str | Non
         os.close(fd)
         return None
     os.close(fd)
+    if not stat.S_ISREG(os.fstat(f).st_mode):  # an input replaced by a directory: fdopen would raise on it
+        os.close(f)
+        return None
     with os.fdopen(f, "rb") as fh:
         st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            return None
         if st.st_size != size:
             return None, st.st_size
         return hashlib.file_digest(fh, "sha256").hexdigest(), st.st_size

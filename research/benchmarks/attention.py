@@ -176,7 +176,7 @@ def pallas_check(seed: int = 0, T: int = 48, block: int = 16) -> dict:
         res[f"pallas_{form}_grad_max_err"] = max(float(jnp.abs(a - b).max()) for a, b in zip(g, ref_g))
     for platform in ("cuda", "tpu"):
         try:
-            ap.lower_for(platform)
+            ao.lower_for(platform)
             res[f"pallas_lowers_{platform}"] = True
         except Exception as e:  # reported, not raised: the bench says which target's lowering broke and why
             res[f"pallas_lowers_{platform}"] = f"{type(e).__name__}: {str(e)[:300]}"

@@ -60,30 +60,29 @@ def _learner_config(size: dict, attention: str):
     return cfg
 
 
-def _batches(cfg, n: int, seed: int = 0):
+def _batches(run, n: int, seed: int = 0):
+    """`n` packed step batches of synthetic harness-shaped groups, packed as the loop's typed `run` packs."""
     import numpy as np
 
     from research.data.pipeline import to_tree
     from research.data.shards import GroupRecord
     from research.rl import batches as B
-    from research.rl.config import RunConfig
     from research.trees import synthetic
 
     rng = np.random.default_rng(seed)
-    run = RunConfig.of(cfg)
     pcfg, bcfg = run.pipeline(), run.batching()
-    scale = max(1, cfg.train.row_len // 128)
+    scale = max(1, run.train.row_len // 128)
     out = []
     for s in range(n):
         groups = []
-        for g in range(cfg.rollout.groups_per_step):
+        for g in range(run.rollout.groups_per_step):
             calls, results = synthetic.make_group(rng, group_id=f"s{s}g{g}", harness="reference", sessions=4, turns=3,
-                                                  vocab=cfg.model.vocab_size, prefix_len=16 * scale,
+                                                  vocab=run.model.vocab_size, prefix_len=16 * scale,
                                                   gen_len=(2, 8 * scale), tool_len=(1, 6 * scale), p_trunc=0.0)
             groups.append(to_tree(GroupRecord(group_id=f"s{s}g{g}", harness="reference", calls=calls,
                                               results=results), pcfg))
         out.append(B.build_batch(groups, bcfg, current_version=0, max_off_policy=1 << 30,
-                                 loss_slots_k=cfg.train.loss_slots))
+                                 loss_slots_k=run.train.loss_slots))
     return out
 
 
@@ -94,13 +93,16 @@ def _train_step(size: dict) -> dict:
 
     import jax
 
+    from research.rl.config import RunConfig
     from research.rl.objective import make_rl_loss_fn
     from research.rl.trainer import Learner
     from research.train.state import model_config
 
     cfg = _learner_config(size, "auto")
-    batches = _batches(cfg, size["steps"])
-    learner = Learner(cfg)
+    # validated once, against the devices the Learner's mesh will really span (it takes this run unchecked)
+    run = RunConfig.of(cfg, num_devices=jax.device_count())
+    batches = _batches(run, size["steps"])
+    learner = Learner(run)
     loss_at = lambda c: jax.jit(make_rl_loss_fn(model_config(c), learner.obj))(learner.state.params,
                                                                               batches[0].device, None)[0]
     ref, auto = float(loss_at(_learner_config(size, "reference"))), float(loss_at(cfg))

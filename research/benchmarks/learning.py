@@ -46,6 +46,22 @@ def bandit_config(algo: str = "grpo", *, lr: float = 1e-2, vocab: int = 64, temp
     return config
 
 
+def first_crossing(curve: list[float], threshold: float, *, window: int = 3, falling: bool = False) -> int | None:
+    """The first step (1-based) at which the mean of the last `window` points reaches `threshold` (at or above;
+    `falling=True`: at or below), None if it never does.
+
+    Why: a learning test that checks only the first and the last point passes a run that got there by luck on
+    one step, or only just in time. The step at which a running mean crossed can be held to a margin before the
+    end of the budget, so a learner that became a few steps slower fails while its last point still passes."""
+    if window < 1:
+        raise ValueError(f"window={window} must be >= 1")
+    for k in range(window, len(curve) + 1):
+        mean = float(np.mean(curve[k - window:k]))
+        if (mean <= threshold) if falling else (mean >= threshold):
+            return k
+    return None
+
+
 def target_reward(ids: list[int], target: int) -> float:
     return float(np.mean([t < target for t in ids])) if ids else 0.0
 

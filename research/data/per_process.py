@@ -26,14 +26,21 @@ from typing import TypeVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from research.trees import batch as fields
 
 T = TypeVar("T")
 
-# How a padding row/slot is filled per key (everything else: zeros). These mirror research/trees/packing.py's
-# own padding, so a padded row is indistinguishable from the packer's empty rows.
-_ROW_FILL = {"parent_index": -1, "tree_id": -1, "expert_ids": -1}
-_SLOT_KEYS = ("loss_idx", "loss_valid")  # [B, K] keys: K is the loss-slot width, padded with invalid slots
+
+def _padding(key: str, rows: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """`rows` padding rows of `key`, filled as the batch field table says (research/trees/batch.py), so a
+    padded row is indistinguishable from the packer's empty rows and a new field pads itself correctly."""
+    pad = fields.BY_NAME[key].pad
+    if pad == "arange":  # subtree_end: padding tokens see only themselves (segment 0 masks them anyway)
+        return np.broadcast_to(np.arange(shape[0], dtype=dtype), (rows, *shape)).copy()
+    return np.full((rows, *shape), pad, dtype)
 
 
 def _index_count(index: int | None, count: int | None) -> tuple[int, int]:
@@ -67,18 +74,18 @@ def shard_dataset(ds, *, index: int | None = None, count: int | None = None):
 
 def pad_batch(device: dict[str, np.ndarray], *, rows: int, slots: int | None = None) -> dict[str, np.ndarray]:
     """Pads a packed step batch to `rows` rows (and `slots` loss slots) with rows that carry no loss."""
-    B, T = device["tokens"].shape
+    B = device["tokens"].shape[0]
     if rows < B:
         raise ValueError(f"cannot pad a batch of {B} rows down to {rows}")
+    if unknown := sorted(set(device) - set(fields.BY_NAME)):  # no known padding: name them rather than guess
+        raise KeyError(f"batch keys {unknown} are not fields of research/trees/batch.py")
     out = {}
     for key, x in device.items():
-        if key in _SLOT_KEYS and slots is not None and slots > x.shape[1]:
-            x = np.concatenate([x, np.zeros((B, slots - x.shape[1]), x.dtype)], axis=1)
+        if fields.BY_NAME[key].shape == "BK" and slots is not None and slots > x.shape[1]:
+            # loss slots [B, K]: widened with the table's padding (invalid slots, index 0)
+            x = np.concatenate([x, _padding(key, B, (slots - x.shape[1],), x.dtype)], axis=1)
         if rows > B:
-            pad = np.full((rows - B, *x.shape[1:]), _ROW_FILL.get(key, 0), x.dtype)
-            if key == "subtree_end":  # padding tokens see only themselves (segment 0 masks them anyway)
-                pad[:] = np.arange(T, dtype=x.dtype)
-            x = np.concatenate([x, pad], axis=0)
+            x = np.concatenate([x, _padding(key, rows - B, x.shape[1:], x.dtype)], axis=0)
         out[key] = x
     return out
 
@@ -102,8 +109,6 @@ def global_batch(device: dict[str, np.ndarray], mesh: Mesh, batch_axes: Sequence
     sharding = NamedSharding(mesh, PartitionSpec(tuple(batch_axes)))
     rows, slots = device["tokens"].shape[0], device["loss_idx"].shape[1] if "loss_idx" in device else 0
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         agreed = multihost_utils.process_allgather(np.asarray([rows, slots], np.int64))
         rows, slots = (int(v) for v in np.max(agreed.reshape(-1, 2), axis=0))
     n_blocks = math.prod(mesh.shape[a] for a in batch_axes)

@@ -7,6 +7,7 @@ Public API (others code against it):
 - decode: ``init_cache``, ``prefill``, ``decode_step`` (``research/models/decode.py``).
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -23,8 +24,6 @@ def dummy_inputs(batch: int = 1, length: int = 8):
 
 def init_params(cfg: ModelConfig, rng: jax.Array):
     """Unboxed fp32 params on the default device (use sharding.init_sharded for a mesh)."""
-    import flax.linen as nn
-
     return nn.meta.unbox(jax.jit(Qwen3(cfg).init)(rng, *dummy_inputs())["params"])
 
 

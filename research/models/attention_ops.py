@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import export
 from jaxtyping import Array, Float, Int
 
 from research.models import attention_pallas
@@ -434,3 +435,24 @@ def attend_on_mesh(
     return jax.shard_map(local, in_specs=(heads, heads, heads, rows, rows), out_specs=heads, check_vma=False)(
         q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT, subtree_end_BxT
     )
+
+
+def lower_for(platform: str, *, B: int = 1, T: int = 1024, H: int = 32, K: int = 4, D: int = 128, block: int = 256,
+              dtype=jnp.bfloat16) -> str:
+    """Lowers the compiled (not interpreted) forward kernel for ``platform`` ("cuda": Triton, "tpu": Mosaic) on
+    this machine via ``jax.export``, returning the StableHLO text (defaults: Qwen3-30B-A3B's heads, attend's
+    256-token blocks). Why: no GPU/TPU is needed to find a block shape, layout or op the Pallas lowering
+    rejects; only the target's final compilation (Triton -> PTX, Mosaic -> TPU) and running it need one. Here,
+    not in attention_pallas.py: it lowers the whole op (``attend``), which imports the kernels."""
+    form = "tpu" if platform == "tpu" else "gpu"
+
+    def fwd(q, k, v, seg, end):
+        return attend(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, impl=f"pallas_{form}", block_q=block,
+                      block_k=block, interpret=False)
+
+    s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)
+    args = (s((B, T, H, D), dtype), s((B, T, K, D), dtype), s((B, T, K, D), dtype), s((B, T), jnp.int32),
+            s((B, T), jnp.int32))
+    # the kernels are custom calls without a serialization-stability promise: fine, nothing is stored
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in ("__gpu$xla.gpu.triton", "tpu_custom_call")]
+    return export.export(jax.jit(fwd), platforms=[platform], disabled_checks=checks)(*args).mlir_module()

@@ -21,8 +21,9 @@ backward is the jnp kernel (``_flash_bwd_impl``) on the saved (out, lse), so gra
 ``impl="blockwise"``'s.
 
 Status: both forms run in Pallas interpret mode on CPU against the reference (tests/test_attention_pallas.py)
-and are lowered for real targets on CPU (``lower_for``: Triton for ``cuda``, Mosaic for ``tpu``), which
-checks every block shape and op against the compilers' rules; neither has run on a GPU or TPU here.
+and are lowered for real targets on CPU (``attention_ops.lower_for``: Triton for ``cuda``, Mosaic for
+``tpu``), which checks every block shape and op against the compilers' rules; neither has run on a GPU or TPU
+here.
 """
 
 from __future__ import annotations
@@ -205,27 +206,3 @@ def flash_fwd_pallas(qT, kT, vT, bl, groups: int, *, form: str | None = None, in
     else:
         out, lse = _gpu_call(ops, NQ, K, GQ, D, qT.dtype, interpret, gpu_tile)
     return out, lse[..., 0]
-
-
-def lower_for(platform: str, *, B: int = 1, T: int = 1024, H: int = 32, K: int = 4, D: int = 128, block: int = 256,
-              dtype=jnp.bfloat16) -> str:
-    """Lowers the compiled (not interpreted) forward kernel for ``platform`` ("cuda": Triton, "tpu": Mosaic) on
-    this machine via ``jax.export``, returning the StableHLO text (defaults: Qwen3-30B-A3B's heads, attend's
-    256-token blocks). Why: no GPU/TPU is needed to find a block shape, layout or op the Pallas lowering
-    rejects; only the target's final compilation (Triton -> PTX, Mosaic -> TPU) and running it need one."""
-    from jax import export
-
-    from research.models import attention_ops as ao
-
-    form = "tpu" if platform == "tpu" else "gpu"
-
-    def fwd(q, k, v, seg, end):
-        return ao.attend(q, k, v, segment_ids_BxT=seg, subtree_end_BxT=end, impl=f"pallas_{form}", block_q=block,
-                         block_k=block, interpret=False)
-
-    s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)
-    args = (s((B, T, H, D), dtype), s((B, T, K, D), dtype), s((B, T, K, D), dtype), s((B, T), jnp.int32),
-            s((B, T), jnp.int32))
-    # the kernels are custom calls without a serialization-stability promise: fine, nothing is stored
-    checks = [export.DisabledSafetyCheck.custom_call(t) for t in ("__gpu$xla.gpu.triton", "tpu_custom_call")]
-    return export.export(jax.jit(fwd), platforms=[platform], disabled_checks=checks)(*args).mlir_module()

@@ -199,6 +199,9 @@ class CheckpointConfig:
 class MetricsConfig:
     tensorboard: bool = True
     plot_every: int = 10
+    # per-token log-prob change of each RL update for the run viewer (research/rl/dlogp.py: RUN/dlogp/), written
+    # when the update's batch has at most this many loss tokens (4 bytes each; 0: never); needs train.diagnostics
+    dlogp_tokens: int = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,10 +261,15 @@ class RunConfig:
     def of(cls, config: RunConfig | ml_collections.ConfigDict | dict, *, num_devices: int | None = None,
            check: bool = True) -> RunConfig:
         """Typed sections always; `check=False` skips the cross-section invariants (model-only configs, e.g.
-        configs/tiny.py, whose loop sections are all defaults, for AOT compiles and tests)."""
+        configs/tiny.py, whose loop sections are all defaults, for AOT compiles and tests).
+
+        A config checked against `num_devices` is stamped with it, so the next hand that asks for the same
+        count (the loop validates at start, then its Learner asks again) gets it back unchecked: one
+        validation per run, with the real device count, not one per layer it passes through."""
         if isinstance(config, RunConfig):  # typed already; the device count may be known only now
-            if check and num_devices is not None:
+            if check and num_devices is not None and config.validated_devices != num_devices:
                 validate(config, num_devices=num_devices)
+                config._stamp(num_devices)
             return config
         d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
         unknown = sorted(set(d) - set(_TOP))
@@ -279,7 +287,19 @@ class RunConfig:
         run = cls(**kw)
         if check:
             validate(run, num_devices=num_devices)
+            if num_devices is not None:
+                run._stamp(num_devices)
         return run
+
+    @property
+    def validated_devices(self) -> int | None:
+        """The device count `of` validated this very object against (None: never against devices)."""
+        return getattr(self, "_validated_devices", None)
+
+    def _stamp(self, num_devices: int) -> None:
+        # not a dataclass field: to_dict() (config.json) must not carry it, and dataclasses.replace() must
+        # drop it (a changed config is a new one that has not been validated)
+        object.__setattr__(self, "_validated_devices", num_devices)
 
     # --------------------------------------------------------------- component configs
     @property

@@ -25,10 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from research.models.hf_io import load_hf
-from research.rl import diagnostics
+from research.rl import diagnostics, dlogp
 from research.rl.batches import StepBatch
 from research.rl.config import RunConfig
 from research.rl.objective import (
@@ -76,13 +77,12 @@ def _global_sum(x: float) -> float:
     """x summed over processes (one process: x)."""
     if jax.process_count() == 1:
         return x
-    from jax.experimental import multihost_utils
-
     return float(np.sum(multihost_utils.process_allgather(np.asarray(x, np.float64))))
 
 
 class Learner:
     def __init__(self, config):
+        # a RunConfig its caller validated for these devices (the loop's start) comes back as is: not twice
         self.run = run = RunConfig.of(config, num_devices=jax.device_count())
         self.model_cfg = run.model
         self.mesh = make_mesh(run.mesh)
@@ -98,6 +98,7 @@ class Learner:
         self._steps = make_steps(run, self.init, self.mesh, self.shardings)
         self._eval = make_eval_fn(self.model_cfg, self.obj)
         self.ref_params = None  # frozen reference policy (only when the KL penalty is on): see init_reference
+        self.last_dlogp: list[np.ndarray] | None = None  # per tree of the last RL update: research/rl/dlogp.py
 
     @property
     def step(self) -> int:
@@ -198,7 +199,10 @@ class Learner:
         return dev
 
     def train(self, batch: StepBatch, *, sft: bool = False) -> dict[str, float]:
-        """One SFT step, or the RL update on `batch` (epochs x minibatches optimizer steps; see module doc)."""
+        """One SFT step, or the RL update on `batch` (epochs x minibatches optimizer steps; see module doc). After
+        an RL update with diagnostics, `last_dlogp` holds each tree's per-node log-prob change (research/rl/dlogp.py;
+        None when the batch has more loss tokens than `metrics.dlogp_tokens`)."""
+        self.last_dlogp = None
         if sft:
             self.state, metrics = self._steps["sft"](self.state, batch.device)
             return {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -215,6 +219,8 @@ class Learner:
         if self.run.train.diagnostics and not multi:
             new = self.slot_eval(self.state.params, dev)
             metrics.update(diagnostics.update_effect(dev, old_logp=old_logp, new_logp=new["logp"]))
+            if 0 < sum(t.occ_node.shape[0] for t in batch.trees) <= self.run.metrics.dlogp_tokens:
+                self.last_dlogp = dlogp.node_dlogp(batch.packed, batch.trees, new["logp"])
         return metrics
 
     def _update(self, dev: dict[str, np.ndarray]):

@@ -21,12 +21,15 @@ relying on a step being on disk, and `close()` at the end.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import pathlib
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from research.train.state import TrainState
 
@@ -61,11 +64,6 @@ def _gather_per_process(obj: Any) -> Any:
     `{PER_PROCESS_KEY: [item of process 0, item of process 1, ...]}` (a collective: all processes call it)."""
     if jax.process_count() == 1:
         return obj
-    import json
-
-    import numpy as np
-    from jax.experimental import multihost_utils
-
     raw = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
     lengths = multihost_utils.process_allgather(np.asarray([raw.size], np.int64)).reshape(-1)
     padded = np.zeros(int(lengths.max()), np.uint8)

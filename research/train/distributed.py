@@ -20,6 +20,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
@@ -66,8 +68,6 @@ def initialize(fields: Mapping[str, Any] | None = None, environ: Mapping[str, st
     `fields`: e.g. `config.distributed` (its `enabled` flag is the caller's business). Returns what was
     passed to JAX. A single-process run (num_processes == 1) initialises nothing.
     """
-    import jax
-
     if hasattr(fields, "to_dict"):
         fields = fields.to_dict()
     args = resolve(fields, environ)
