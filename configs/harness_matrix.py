@@ -26,7 +26,8 @@ groups of 4 x 4 rollouts. The engine's window is each CLI's first call rounded u
 (`tight_context`): the CLIs shape their prompts by the window they are told, so SFT, RL and eval share it, and a
 policy is evaluated under the window it learned in.
 
-`arg`: "HARNESS[,control|,test]" with HARNESS in claude_code | codex | openclaw | opencode | mix; "control" is SFT
+`arg`: "HARNESS[,control|,test]" with HARNESS in claude_code | codex | openclaw | opencode | mix (all three CLIs) |
+A+B (a mix of the named ones, e.g. codex+claude_code); "control" is SFT
 continued for 150 more steps (launch.sweep computes its own at equal minutes); "test" is a seconds-per-step run
 for the test suite.
 """
@@ -49,13 +50,13 @@ PATH_ROOM = 1024
 
 def get_config(arg: str = "codex") -> ml_collections.ConfigDict:
     name, _, variant = arg.partition(",")
-    if name not in (*HARNESSES, "mix"):
-        raise ValueError(f"configs/harness_matrix.py: harness {name!r} not in {(*HARNESSES, 'mix')}")
+    names = list(CLIS) if name == "mix" else name.split("+")
+    if any(h not in HARNESSES for h in names):
+        raise ValueError(f"configs/harness_matrix.py: harness {name!r} not in {(*HARNESSES, 'mix')} (or A+B)")
     if variant not in ("", "control", "test"):
         raise ValueError(f"configs/harness_matrix.py: variant {variant!r} not in '', 'control', 'test'")
-    names = list(CLIS) if name == "mix" else [name]
     config = demo_cpu.get_config("test")  # the tiny model; every field below says what the recipe sets
-    config.name = f"harness_matrix_{name}"
+    config.name = f"harness_matrix_{name.replace('+', '_')}"
     config.model.update(embedding_init_std=0.2, attention_impl="blockwise")  # O(T) memory at ~10k-token rows
     config.optim.update(learning_rate=4e-3, warmup_steps=0)
     config.rl_optim.update(learning_rate=1e-3)

@@ -22,7 +22,8 @@ def test_config_builds_with_loop_fields(name):
     model_config(cfg)  # every model field is a valid ModelConfig
 
 
-@pytest.mark.parametrize("arg", ["codex", "claude_code", "openclaw", "opencode", "mix", "codex,control", "mix,test"])
+@pytest.mark.parametrize("arg", ["codex", "claude_code", "openclaw", "opencode", "mix", "codex,control", "mix,test",
+                                 "codex+claude_code"])
 def test_harness_matrix_configs_validate_and_hold_each_clis_first_request(arg):
     from configs import harness_matrix
     from harness_env.harnesses.base import check_context
@@ -30,7 +31,7 @@ def test_harness_matrix_configs_validate_and_hold_each_clis_first_request(arg):
 
     run = RunConfig.of(harness_matrix.get_config(arg))
     names = [h.split(":")[0] for h in run.rollout.harnesses.split(",")]
-    assert names == (list(harness_matrix.CLIS) if arg.startswith("mix") else [arg.split(",")[0]])
+    assert names == (list(harness_matrix.CLIS) if arg.startswith("mix") else arg.split(",")[0].split("+"))
     check_context(names, run.engine.max_len)
     assert run.train.row_len >= run.engine.max_len and run.sft.merge_demos
     assert run.algo == ("sft" if arg.endswith("control") else "grpo")
