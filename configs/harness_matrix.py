@@ -1,4 +1,4 @@
-"""Learning *through* the real CLIs: SFT on a sloppy expert's demonstrations captured through an unmodified Claude
+"""Learning *through* the real CLIs: SFT on an imperfect expert's demonstrations captured through an unmodified Claude
 Code, Codex or OpenClaw, then tree GRPO with the verifier's reward, held-out pass@1 under that CLI; or through all
 of them at once ("mix": the same rollout budget per step, its groups split across the CLIs round robin).
 
@@ -7,16 +7,17 @@ of them at once ("mix": the same rollout budget per step, its groups split acros
     python -m launch.sweep --config=configs/harness_matrix.py:openclaw --seeds=0,1,2 --workdir=/tmp/hm_openclaw
     python -m launch.sweep --config=configs/harness_matrix.py:mix --seeds=0,1,2 --workdir=/tmp/hm_mix
     python -m launch.train --config=configs/harness_matrix.py:codex --workdir=/tmp/hm_codex_one   # one run
-    python -m launch.eval --tasks=relay --harness=codex,claude_code,reference --k=4 --temperature=1 \\
+    python -m launch.eval --tasks=relay:heldout --harness=codex,claude_code,reference --k=2 \\
         --policies=codex=/tmp/hm_codex/seed0/rl,claude=/tmp/hm_claude/seed0/rl --out=/tmp/matrix
 
 The family is `relay` (harness_env/tasks/relay.py): "Copy the word in clue.txt into out.txt (N)." — two tool calls
 (`cat clue.txt`, then `echo WORD > out.txt`), the second conditioned on the first's output as the CLI hands it
-back. The expert reads the clue and then writes a word of its own (right on ~1 task in 8), so SFT teaches the
-calls' format in each CLI's own tool (Codex `exec_command{cmd}`, Claude Code `Bash{command}`, OpenClaw
-`exec{command}`: harness_env/rl/experts.py) and only the verifier can teach the word. 16 train tasks, 8 held out
-(by number); held-out pass@1 is the mean of 4 samples per task at T=1 (greedy would report the SFT policy's mode,
-0 or 1, not its rate). `launch.sweep` adds, per seed, the SFT control at equal work minutes.
+back. The expert reads the clue and copies it, on 62.5% of the tasks in the literal form `echo the word WORD`
+(reward 0), so SFT teaches the calls and the copy in each CLI's own tool (Codex `exec_command{cmd}`, Claude Code
+`Bash{command}`, OpenClaw `exec{command}`: harness_env/rl/experts.py) and only the verifier can teach the form.
+64 train tasks, 16 held out (by number); held-out pass@1 is the mean of 2 samples per task at T=1 (greedy would
+report the SFT policy's mode, 0 or 1, not its rate). `launch.sweep` adds, per seed, the SFT control at equal work
+minutes.
 
 The recipe is the one measured through Codex and Claude Code on the pick-word family (harness_env/rl/cli_learning.py,
 docs/experiments/2026-12-03-codex-seeds.md): a 2-layer, 32-wide Qwen3 (real tokenizer), SFT at lr 4e-3 (250 steps),
@@ -60,12 +61,14 @@ def get_config(arg: str = "codex") -> ml_collections.ConfigDict:
     config.model.update(embedding_init_std=0.2, attention_impl="blockwise")  # O(T) memory at ~10k-token rows
     config.optim.update(learning_rate=4e-3, warmup_steps=0)
     config.rl_optim.update(learning_rate=1e-3)
-    config.rl.update(kl_coef=0.1)
+    # zero-variance groups (every rollout of a task in the same form) filtered, and one extra round of groups
+    # sampled while fewer than groups_per_step carry signal (the demo's DAPO-style dynamic sampling)
+    config.rl.update(kl_coef=0.1, filter_groups=True)
     config.tasks.update(source="relay", validate=True)
     config.rollout.harnesses = ",".join(f"{h}:1" for h in names)
     # a shell call in a CLI's own tool format (Codex `exec_command{cmd}`): ~30 tokens
     config.rollout.update(groups_per_step=4, group_size=4, max_turns=4, temperature=1.0, max_new_tokens=64,
-                          timeout_s=300, concurrency=4)
+                          timeout_s=300, concurrency=4, max_extra_rounds=1)
     max_len = tight_context(names) + PATH_ROOM
     check_context(names, max_len)
     config.engine.update(max_len=max_len, prefill_chunk=1024, num_slots=4)
@@ -77,7 +80,7 @@ def get_config(arg: str = "codex") -> ml_collections.ConfigDict:
     # held-out pass@1 0.03 at RL start, and 16 GRPO steps mostly repaired format (train 0.06 -> 0.16)
     config.sft.update(steps=250, groups_per_step=per_step, num_demos=-1, expert="relay_literal", min_reward=0.0,
                       merge_demos=True)
-    config.eval.update(every=6, sft_every=0, at_start=False, after_sft=True, num_tasks=-1, samples=4,
+    config.eval.update(every=6, sft_every=0, at_start=False, after_sft=True, num_tasks=-1, samples=2,
                        temperature=1.0)
     config.checkpoint.update(every=4, keep=2)
     config.metrics.update(tensorboard=False, plot_every=1000)

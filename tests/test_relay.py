@@ -24,13 +24,13 @@ def _command(reply: str) -> str:
 
 
 def test_split_clues_and_the_experts_mistakes():
-    assert relay.numbers("train") == list(range(16)) and relay.numbers("heldout") == list(range(16, 24))
+    assert relay.numbers("train") == list(range(64)) and relay.numbers("heldout") == list(range(64, 80))
     for split in ("train", "heldout"):  # half the tasks of each split per clue word
         clues = collections.Counter(relay.clue_of(n) for n in relay.numbers(split))
         assert set(clues.values()) == {len(relay.numbers(split)) // 2}, clues
         parity = {(n % 2, relay.clue_of(n)) for n in relay.numbers(split)}
         assert len(parity) == 4  # neither parity tells the clue: only reading clue.txt does
-    assert sum(relay.literal_mistake(n) for n in relay.numbers("train")) == 10  # MISTAKE_RATE of 16
+    assert sum(relay.literal_mistake(n) for n in relay.numbers("train")) == 40  # MISTAKE_RATE of 64
     with pytest.raises(ValueError, match="split"):
         relay.numbers("test")
 
@@ -52,7 +52,7 @@ def test_the_expert_reads_then_copies_then_answers():
 
 @pytest.mark.harness
 def test_tasks_grade_the_copy_and_nothing_else(tmp_path):
-    """The reference solution 1.0, nothing done 0.0, a guess of the other clue's word 0.0, the literal form 0.3."""
+    """The reference solution 1.0, nothing done 0.0, a guess of the other clue's word 0.0, the literal form 0.0."""
     import shutil
 
     from harness_env.sandbox import get_backend
@@ -61,13 +61,13 @@ def test_tasks_grade_the_copy_and_nothing_else(tmp_path):
 
     backend = get_backend("bwrap")
     dirs = select_tasks("relay", split="heldout", scratch=tmp_path)
-    assert [d.name for d in dirs] == [f"relay-{n:02d}" for n in range(16, 24)]
+    assert [d.name for d in dirs] == [f"relay-{n:02d}" for n in range(64, 80)]
     v = asyncio.run(validate_task(backend, dirs[0]))
     assert v.ok and (v.solution_reward, v.empty_reward, v.untouched_reward) == (1.0, 0.0, 0.0), v
     clue = (dirs[0] / "input_files" / "clue.txt").read_text().strip()
     other = next(w for w in relay.CLUES if w != clue)
     for i, (command, reward) in enumerate(((f"echo {other} > out.txt", 0.0),  # the other clue's word: a guess
-                                           (f"echo the word {clue} > out.txt", 0.3))):  # the expert's mistake
+                                           (f"echo the word {clue} > out.txt", 0.0))):  # the expert's mistake
         wrong = tmp_path / f"wrong{i}" / dirs[0].name
         shutil.copytree(dirs[0], wrong)
         (wrong / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{command}\n")
@@ -81,10 +81,10 @@ def test_sampled_evals_plan_k_rollouts_per_task_and_greedy_copies_are_refused(tm
 
     cfg = harness_matrix.get_config("codex")
     run = RunConfig.of(cfg)
-    assert (run.eval.samples, run.eval.temperature) == (4, 1.0)
+    assert (run.eval.samples, run.eval.temperature) == (2, 1.0)
     tasks = select_tasks("relay", split="heldout", scratch=tmp_path)
     specs = plan_eval(run, tasks, step=100)
-    assert len(specs) == 4 * len(tasks) and len({s.rollout_id for s in specs}) == len(specs)
+    assert len(specs) == 2 * len(tasks) and len({s.rollout_id for s in specs}) == len(specs)
     assert all(s.rollout_id.startswith("eval00100.") for s in specs)
     cfg.eval.temperature = 0.0
     with pytest.raises(ValueError, match="greedy"):

@@ -62,7 +62,7 @@ def test_relay_answers_read_the_clue_per_task_and_the_form_each_second_call_writ
             stone[0]: "echo river > out.txt", stone[1]: '{"cmd": "ech', stone[2]: None}
     for n, text in plan.items():
         rid = f"eval00250.relay-{n}.codex.0"
-        reward = {"echo river > out.txt": 1.0 if n in river else 0.0, "echo the word river > out.txt": 0.3}
+        reward = {"echo river > out.txt": 1.0 if n in river else 0.0, "echo the word river > out.txt": 0.0}
         results.append(RolloutResult(rollout_id=rid, group_id=f"relay-{n}/codex", harness="codex", status="ok",
                                      reward=reward.get(text, 0.0), meta={"task_dir": str(tmp_path / f"relay-{n}")}))
         for index, ids in ((0, [3]), (1, tok.encode(text or ""))):

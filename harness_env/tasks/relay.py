@@ -2,22 +2,25 @@
 
 "Copy the word in clue.txt into out.txt (N)." The workspace holds `clue.txt` with one of two words (CLUES, half
 the tasks of each split each, assigned by a hash of N, so neither the number nor its parity tells which); the
-checker pays 1.0 when out.txt holds exactly that word, 0.3 when it holds the word among others (the clue was read,
-the form is wrong), else 0.0. Nothing in the prompt says which word, so a policy that skips reading the file can
-only guess: the family needs >= 2 tool calls (`cat clue.txt`, then `echo WORD > out.txt`), the second conditioned
-on the first's output as the CLI hands it back.
+checker pays 1.0 when out.txt holds exactly that word, else 0.0. Nothing in the prompt says which word, so a policy
+that skips reading the file can only guess: the family needs >= 2 tool calls (`cat clue.txt`, then
+`echo WORD > out.txt`), the second conditioned on the first's output as the CLI hands it back.
 
 The expert always reads the clue and copies it, but on MISTAKE_RATE of the tasks (by a hash of N) in a literal
-form, `echo the word WORD > out.txt` (0.3), as the make_file demo's expert does (harness_env/tasks/family.py): the
+form, `echo the word WORD > out.txt` (0.0), as the make_file demo's expert does (harness_env/tasks/family.py): the
 copy is demonstrated on every task, so SFT can teach the one-bit condition on the tool output; which form pays,
 only the verifier's reward can teach, and that lesson holds on held-out tasks because it is the same everywhere.
-(A first version's expert wrote a word of its own, blind to the clue: through Codex the SFT policy memorised each
-train task's word, and GRPO drove it to one favourite word, "stone", 0.19 -> 0.19 held out, because a clue's
-groups whose every rollout wrote the favourite carried no signal against it; docs/experiments.)
+Two pilots through Codex shaped it (docs/experiments/2026-12-04-relay-through-clis.md): an expert blind to the clue
+(the policy memorised each train task's word; GRPO drove it to one favourite, held-out 0.19 -> 0.19), then this
+expert with 0.3 for the literal form and 16 train tasks (SFT memorised each task's form; GRPO's signal was mostly
+literal 0.3 over broken calls 0.0, so it reinforced the literal form: held-out 0.19 -> 0.09, while 94% of the
+held-out second calls copied the clue right). Hence binary reward, and 64 train tasks of which every SFT step
+samples 16.
 
 Why two clue words: a 2-layer policy trained from scratch within minutes learns a one-bit condition on a tool
 output far sooner than a general copy. `harness_env.rl.sweep.relay_answers` reports whether it conditions: pass
-per clue word, and the forms written. Split by number: tasks 0..N_TRAIN-1 train, the next N_HELDOUT held out.
+per clue word, the forms written and the share copied. Split by number: 0..N_TRAIN-1 train, the next N_HELDOUT held
+out.
 """
 
 from __future__ import annotations
@@ -30,19 +33,15 @@ import re
 
 WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
 CLUES = ("river", "stone")
-N_TRAIN, N_HELDOUT = 16, 8
-MISTAKE_RATE = 0.625  # share of the tasks on which the expert writes the literal form (10 of the 16 train tasks)
+N_TRAIN, N_HELDOUT = 64, 16
+MISTAKE_RATE = 0.625  # share of the tasks on which the expert writes the literal form (40 of the 64 train tasks)
 CATEGORY = "relay"
 QUERY = "Copy the word in clue.txt into out.txt ({n})."
 _QUERY = re.compile(r"Copy the word in clue\.txt into out\.txt \((\d+)\)\.")
 REWARD_SH = """#!/bin/bash
-# 1.0: out.txt holds exactly "{word}" (the word in clue.txt; whitespace ignored); 0.3: it holds the word among
-# others; else 0.0
+# 1.0 when out.txt holds exactly "{word}" (the word in clue.txt; whitespace ignored), else 0.0
 cd "$(dirname "$0")/.." || exit 1
-[ -f out.txt ] || {{ echo 0.0; exit 0; }}
-if [ "$(tr -d '[:space:]' < out.txt)" = "{word}" ]; then echo 1.0
-elif grep -qw "{word}" out.txt; then echo 0.3
-else echo 0.0; fi
+if [ -f out.txt ] && [ "$(tr -d '[:space:]' < out.txt)" = "{word}" ]; then echo 1.0; else echo 0.0; fi
 """
 
 
