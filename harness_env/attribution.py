@@ -10,6 +10,8 @@ then dropped and counted) or the task (dropped and counted). The rule, one statu
 - reward_error: the policy's when the task's untouched workspace grades without error (checked once per task
   and runner); the task's otherwise.
 - task_error: the task's. infra_error: the infrastructure's.
+- replay_mismatch (a forked child, harness_env/rl/branching.py): the infrastructure's. The environment did not
+  reproduce the parent's state (a clock, a random id in a tool output) before the policy made any new decision.
 
 Why a rule and not a list of scored statuses: dropping every failure but timeouts let a policy escape its negative
 advantage by breaking the harness (`kill -9 $PPID`) or the checker (`chmod 000 .`), so GRPO moved probability from
@@ -55,4 +57,6 @@ def cause_of(status: str, *, ran: bool = True, calls: int = 0, faults: list[str]
         return TASK, "the checker fails on the untouched workspace" if clean_grade is False else "task not checked"
     if status == "task_error":
         return TASK, status
+    if status == "replay_mismatch":
+        return INFRA, "the replayed prefix diverged from the parent's (nondeterministic environment or harness)"
     return INFRA, status

@@ -41,6 +41,7 @@ from harness_env.tasks.loader import RewardError, Task, TaskError, grade, load_t
 from harness_env.web import env as webenv
 from research.capture import CaptureLog, RolloutResult, read_log
 from research.rl import console
+from research.shim.fork import ReplayPlan
 from research.shim.session import wait_through_cancel
 
 RETRYABLE = "infra_error"  # the one status a resumed run tries again
@@ -52,9 +53,12 @@ class Gateway(Protocol):
 
     unix_socket: str | None
 
-    async def open_session(self, rollout_id: str, group_id: str, harness: str, *, meta: dict | None = None): ...
+    async def open_session(self, rollout_id: str, group_id: str, harness: str, *, meta: dict | None = None,
+                           replay: ReplayPlan | None = None): ...
 
     async def close_session(self, session_id: str) -> list: ...
+
+    def replay_status(self, session_id: str) -> dict | None: ...  # asked only of forked children's sessions
 
 
 @dataclasses.dataclass
@@ -81,6 +85,8 @@ class RolloutSpec:
     task_dir: pathlib.Path
     harness: str
     sample: int
+    # a forked child (harness_env/rl/branching.py): the shim answers its first calls from its parent's records
+    replay: ReplayPlan | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def group_id(self) -> str:
@@ -275,7 +281,8 @@ class Runner:
                                  f"{self.cfg.backend} backend (bwrap or docker)")
         try:
             session = await self.gateway.open_session(spec.rollout_id, spec.group_id, harness.name,
-                                                      meta={"task_id": task.task_id, "sample": spec.sample})
+                                                      meta={"task_id": task.task_id, "sample": spec.sample},
+                                                      **({"replay": spec.replay} if spec.replay is not None else {}))
         except Exception as e:  # the shim is down: infrastructure
             raise _Infra(f"opening the rollout: {type(e).__name__}: {e}") from e
         base["session_ids"] = [session.session_id]
@@ -308,6 +315,9 @@ class Runner:
             records = await self.gateway.close_session(session.session_id)
             session_open = False
             meta.update(calls=len(records))
+            replay = self._replay_report(spec, session.session_id)
+            if replay is not None:
+                meta["replay"] = replay
             if res is not None:
                 meta.update(exit_code=res.exit_code, oom_killed=res.oom_killed)
             try:
@@ -322,6 +332,9 @@ class Runner:
                     app.collect, self._rollout_dir(spec) / webenv.STATE_DIRNAME)
                 meta["web"] = await asyncio.to_thread(webenv.summarize, extra[webenv.STATE_DIRNAME])
             await asyncio.to_thread(harness.save_logs, home, res, self._rollout_dir(spec) / "logs")
+            if replay is not None and replay["mismatch"] is not None:  # the child never reached its parent's state
+                return RolloutResult(**base, status="replay_mismatch",
+                                     message=f"replay of {replay['parent']}: {replay['mismatch']['why']}")
             changes = await asyncio.to_thread(task.input_changes, workspace)
             meta["inputs_changed"] = [c["path"] for c in changes]
             meta["workspace_changes"], more = await asyncio.to_thread(
@@ -344,6 +357,10 @@ class Runner:
             if session_open:
                 with contextlib.suppress(Exception):  # already closed, or the shim is gone
                     await self.gateway.close_session(session.session_id)
+
+    def _replay_report(self, spec: RolloutSpec, session_id: str) -> dict | None:
+        """A forked child's replay report from the shim (research/shim/fork.py), kept as `meta["replay"]`."""
+        return None if spec.replay is None else self.gateway.replay_status(session_id)
 
     async def _start_app(self, spec: RolloutSpec, task: Task, host_dir: pathlib.Path, timings: dict):
         """The task's web app in its own sandbox (harness_env/web/env.py), answering before the agent starts.

@@ -1,7 +1,8 @@
 """Advantage estimators: pure keyword-only functions on arrays, plus a small registry.
 
 Group estimators (GRPO family) turn one scalar reward per rollout into one advantage per rollout,
-normalised within its group (the trainer assigns one integer group per (task, harness) pair).
+normalised within its group (the trainer assigns one integer group per (task, harness) pair). Tree
+estimators (`tree_grpo`) give one advantage per prefix-tree node instead, from node values.
 GAE runs along paths of generated tokens (PPO with a critic); context tokens between two generated
 tokens are environment transitions, so a path is just the ordered list of its action tokens.
 """
@@ -66,12 +67,41 @@ GROUP_ESTIMATORS: dict[str, GroupEstimator] = {
 }
 
 
+def tree_grpo_advantages(*, node_value_N: Float[Array, "N"], base_value_N: Float[Array, "N"], group_std: float,
+                         eps: float = 1e-6) -> Float[Array, "N"]:
+    """Per-node credit on a group's prefix tree: (V(node) - V(the branch point above its segment)) / (std + eps).
+
+    V(node) is the mean reward of the rollouts whose calls pass through the node; a segment is a maximal chain of
+    nodes the same rollouts pass through, credited against the node where it branched off (the group's mean for a
+    segment leaving the root: research/trees/credit.py computes both). The group term is the first segment's:
+    below the root's branch every token gets V - mean, so on a tree whose rollouts share nothing after they first
+    part this IS GRPO; a segment below a later branch (a forked child's call k, rollouts sharing their first
+    tokens) is credited against its siblings' common state instead. `group_std`: the rollouts' population std.
+    Plain arithmetic: numpy in, numpy out (the batch builder's host path compiles nothing per tree size)."""
+    return (node_value_N - base_value_N) / (group_std + eps)
+
+
+TreeEstimator = Callable[..., Float[Array, "N"]]
+TREE_ESTIMATORS: dict[str, TreeEstimator] = {"tree_grpo": tree_grpo_advantages}
+ESTIMATORS = (*GROUP_ESTIMATORS, *TREE_ESTIMATORS)  # every name config.rl.estimator may take
+
+
+def tree_advantages(name: str, **kw) -> Float[Array, "N"]:
+    """Tree registry lookup with a clear error."""
+    try:
+        fn = TREE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown tree estimator {name!r}; known: {sorted(TREE_ESTIMATORS)}") from None
+    return fn(**kw)
+
+
 def group_advantages(name: str, **kw) -> Float[Array, "N"]:
     """Registry lookup with a clear error."""
     try:
         fn = GROUP_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(GROUP_ESTIMATORS)}") from None
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(GROUP_ESTIMATORS)} (tree "
+                         f"estimators {sorted(TREE_ESTIMATORS)}: research.trees.targets.rollout_advantages)") from None
     return fn(**kw)
 
 

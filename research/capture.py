@@ -31,8 +31,10 @@ import orjson
 
 SCHEMA_VERSION = 1
 
-# Rollout statuses. Only "ok" rollouts carry a reward that may be trained on.
-ROLLOUT_STATUSES = ("ok", "timeout", "task_error", "reward_error", "harness_error", "infra_error", "disk_limit")
+# Rollout statuses. Only "ok" rollouts carry a reward that may be trained on. "replay_mismatch": a forked child whose
+# environment did not reproduce its parent's state (research/shim/fork.py).
+ROLLOUT_STATUSES = ("ok", "timeout", "task_error", "reward_error", "harness_error", "infra_error", "disk_limit",
+                    "replay_mismatch")
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
 
 

@@ -42,12 +42,17 @@ def _model(params, tables, h, cfg, behav):
                 values=params["phi"][h], v_old=tables["v_old"][h])
 
 
-def _groups(seed):
+def _groups(seed, forked=False):
+    """Three groups; `forked`: with children that replay their parents' first calls (branches at later calls,
+    research/trees/synthetic.fork_group) and no duplicated first completions (the tree_grpo oracle's premise)."""
     rng = np.random.default_rng(seed)
-    groups = [synthetic.make_group(rng, group_id="t0", harness="codex", sessions=4, turns=3, p_duplicate=0.8),
-              synthetic.make_group(rng, group_id="t0", harness="claude", sessions=3, turns=2),
-              synthetic.make_group(rng, group_id="t1", harness="codex", sessions=3, turns=4)]
-    return groups
+    groups = [synthetic.make_group(rng, group_id="t0", harness="codex", sessions=4, turns=3,
+                                   p_duplicate=0.0 if forked else 0.8),
+              synthetic.make_group(rng, group_id="t0", harness="claude", sessions=3, turns=2,
+                                   p_duplicate=0.0 if forked else 0.3),
+              synthetic.make_group(rng, group_id="t1", harness="codex", sessions=3, turns=4,
+                                   p_duplicate=0.0 if forked else 0.3)]
+    return [synthetic.fork_group(rng, *g, forks=2, children=2) for g in groups] if forked else groups
 
 
 # ------------------------------------------------------------------------------------------------ flat
@@ -86,6 +91,33 @@ def _flat_grpo_adv(groups, calls, estimator):
     return np.asarray([adv[c.rollout_id] for c in calls], np.float32)
 
 
+def _flat_tree_grpo_adv(groups, calls, mask):
+    """tree_grpo from its definition on token paths, per group: V(path) = mean reward of the rollouts with a call
+    starting with that path; a token's baseline is V of its path's longest prefix that more rollouts share (the
+    group's mean if none). Valid where distinct token paths are distinct tree nodes (checked by the caller)."""
+    reward = {r.rollout_id: r.reward for _, rs in groups for r in rs}
+    adv = np.zeros(mask.shape, np.float32)
+    seqs = [(c.group_id, c.harness, c.rollout_id, tuple(c.prompt_ids + c.completion_ids)) for c in calls]
+    memo: dict = {}
+
+    def through(g, path):
+        if (g, path) not in memo:
+            memo[(g, path)] = {rid for gg, h, rid, seq in seqs if (gg, h) == g and seq[:len(path)] == path}
+        return memo[(g, path)]
+
+    for i, c in enumerate(calls):
+        g = (c.group_id, c.harness)
+        x = np.asarray([reward[r] for r in through(g, ())], np.float64)
+        seq = tuple(c.prompt_ids + c.completion_ids)
+        for k in range(len(c.completion_ids)):
+            n = len(c.prompt_ids) + k + 1
+            here = through(g, seq[:n])
+            q = next((q for q in range(n - 1, 0, -1) if len(through(g, seq[:q])) > len(here)), None)
+            base = x.mean() if q is None else np.mean([reward[r] for r in through(g, seq[:q])])
+            adv[i, k] = (np.mean([reward[r] for r in here]) - base) / (x.std() + 1e-6)
+    return adv
+
+
 def _flat_gae(groups, calls, values_NxL, mask):
     """Per session: concatenate its calls' completion tokens, terminal reward at the end, textbook loop."""
     reward = {r.rollout_id: r.reward for _, rs in groups for r in rs}
@@ -110,6 +142,8 @@ def _flat_loss(params, tables, groups, cfg, estimator):
     m = _model(params, tables, h, cfg, behav)
     if cfg.algo == "ppo":
         adv, ret = _flat_gae(groups, calls, np.asarray(jax.lax.stop_gradient(m["values"])), mask)
+    elif estimator == "tree_grpo":
+        adv = _flat_tree_grpo_adv(groups, calls, mask)
     else:
         adv = np.broadcast_to(_flat_grpo_adv(groups, calls, estimator)[:, None], h.shape)
     loss = losses.flat_policy_loss(logp_NxL=m["logp"], old_logp_NxL=m["old"], behav_logp_NxL=behav,
@@ -170,17 +204,29 @@ VARIANTS = {
     "ppo_seq_mean_token_sum_kl": (losses.LossConfig(algo="ppo", aggregation="seq_mean_token_sum", kl_coef=0.1), None),
     "ppo_value_clip_seq_mean": (losses.LossConfig(algo="ppo", value_clip=0.2, aggregation="seq_mean_token_mean"),
                                 None),
+    "tree_grpo_seq_mean_token_mean": (losses.LossConfig(aggregation="seq_mean_token_mean"), "tree_grpo"),
 }
+# every variant on plain groups (tree_grpo's oracle needs forked ones) and on groups with forked children
+CASES = [(n, False) for n in sorted(VARIANTS) if VARIANTS[n][1] != "tree_grpo"] + [(n, True) for n in sorted(VARIANTS)]
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize(("name", "forked"), CASES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_tree_equals_flat_loss_and_grads(name, seed):
+def test_tree_equals_flat_loss_and_grads(name, forked, seed):
     cfg, estimator = VARIANTS[name]
     tables = _tables(seed)
     params = {"theta": tables["theta"] + 0.3 * jnp.sin(jnp.arange(M)), "phi": tables["phi"]}
-    groups = _groups(seed)
-    _, packed = _tree_batch(params, groups, cfg, estimator, row_len=96)
+    groups = _groups(seed, forked=forked)
+    trees, packed = _tree_batch(params, groups, cfg, estimator, row_len=96)
+    if forked:  # the children's replayed calls are their parents' nodes: the tree holds each distinct path once
+        for t, (cs, _) in zip(trees, groups):
+            prefixes = {tuple((c.prompt_ids + c.completion_ids)[:n]) for c in cs
+                        for n in range(1, len(c.prompt_ids) + len(c.completion_ids) + 1)}
+            assert t.num_nodes == len(prefixes) or cfg.value_clip is not None
+    if estimator == "tree_grpo":  # its credit differs from the rollouts' GRPO on most tokens of forked groups
+        calls, h, _, mask = _flat_batch(groups)
+        diff = _flat_tree_grpo_adv(groups, calls, mask) - _flat_grpo_adv(groups, calls, "grpo")[:, None]
+        assert (np.abs(diff[mask]) > 0.1).mean() > 0.3
     assert ((packed["segment_ids"] > 0) & ~packed["own"]).any()  # trees were split: ancestor copies exist
     # merged identical generations (of different reward) occur, unless the variant forbids merging
     assert (packed["count"] > 1).any() != (cfg.value_clip is not None)

@@ -24,10 +24,12 @@ CFG = tiny_moe()
 BATCH_KEYS = DEVICE_ROW_FIELDS
 
 
-def _groups(seed, sessions=3, turns=2, **kw):
+def _groups(seed, sessions=3, turns=2, forked=False, **kw):
+    """`forked`: each group with children replaying its rollouts' first calls (branches at later calls)."""
     rng = np.random.default_rng(seed)
-    return [synthetic.make_group(rng, group_id=f"t{g}", sessions=sessions, turns=turns, vocab=CFG.vocab_size,
-                                 prefix_len=12, **kw) for g in range(2)]
+    groups = [synthetic.make_group(rng, group_id=f"t{g}", sessions=sessions, turns=turns, vocab=CFG.vocab_size,
+                                   prefix_len=12, **kw) for g in range(2)]
+    return [synthetic.fork_group(rng, *g, vocab=CFG.vocab_size) for g in groups] if forked else groups
 
 
 def _pack(trees, agg, row_len, num_rows=None):
@@ -49,10 +51,12 @@ def _jnp(packed):
             "loss_valid": jnp.asarray(valid)}
 
 
-def test_model_tree_rows_equal_flat_rows():
+@pytest.mark.parametrize("forked", [False, True])
+def test_model_tree_rows_equal_flat_rows(forked):
     agg = "seq_mean_token_mean"  # the other aggregations are covered on arrays (test_losses.py)
     params = init_params(CFG, jax.random.PRNGKey(0))
-    _, tree_b, flat_b = _tree_and_flat(_groups(0), agg, num_rows=6)
+    _, tree_b, flat_b = _tree_and_flat(_groups(0, turns=3 if forked else 2, forked=forked), agg,
+                                       num_rows=None if forked else 6)
     assert flat_b["segment_ids"].astype(bool).sum() > 1.5 * tree_b["segment_ids"].astype(bool).sum()
     loss_fn = make_rl_loss_fn(CFG, Objective(loss=losses.LossConfig(aggregation=agg, entropy_coef=0.01)))
     f = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, None)[0]))

@@ -79,6 +79,10 @@ def occurrence_advantages(tree: GroupTree, estimator: str) -> np.ndarray:
     padded, once per bucket (which the server warms at start)."""
     from research import advantages as adv_lib
 
+    if estimator in adv_lib.TREE_ESTIMATORS:  # per node, host-side numpy: nothing to compile
+        from research.trees.credit import occurrence_advantages as tree_estimator
+
+        return tree_estimator(tree, estimator=estimator)
     rids = list(dict.fromkeys(c.rollout_id for c in tree.calls))
     reward = {c.rollout_id: c.reward for c in tree.calls}
     n, size = len(rids), bucket(len(rids))
@@ -118,7 +122,7 @@ def build_view(calls: list[CallRecord], results: list[RolloutResult], *, estimat
                aggregation: str = "token_mean") -> TreeView:
     """The tree of the group's ok calls of ok rollouts (what the trainer may train on), with GRPO-family
     advantages; ValueError when no rollout of the group can be in a tree."""
-    from research.advantages import GROUP_ESTIMATORS
+    from research.advantages import ESTIMATORS
     from research.trees.targets import node_stats
 
     excluded = {r.rollout_id: f"status {r.status}" for r in results if r.status != "ok" or r.reward is None}
@@ -131,7 +135,7 @@ def build_view(calls: list[CallRecord], results: list[RolloutResult], *, estimat
     if not use:
         raise ValueError("no rollout of this group finished ok with a captured call: nothing to build a tree of")
     tree = build_tree(use, ok)
-    shown = estimator if estimator in GROUP_ESTIMATORS else "grpo"
+    shown = estimator if estimator in ESTIMATORS else "grpo"
     occ_adv = occurrence_advantages(tree, shown)
     stats = node_stats(tree, occ_adv=occ_adv, agg_name=aggregation)
     n = tree.num_nodes

@@ -25,6 +25,7 @@ import time
 
 import jax
 
+from harness_env.rl import branching
 from harness_env.rl import rollouts as R
 from harness_env.rl.sft import sft_phase
 from harness_env.sandbox import get_backend
@@ -89,6 +90,7 @@ class Loop:
             self.stream.set_state(self.state.data_state["rl"])
         self.engine = None
         self._engine_seen: dict[str, int] = {}
+        self._branch_s: dict[int, float] = {}  # RL step -> seconds its forked children's round took
 
     # ------------------------------------------------------------------ setup
     async def _phases(self) -> None:
@@ -181,16 +183,22 @@ class Loop:
         self.rl_progress = Progress("rl", self.run.train.steps, done=self.state.rl_step)
 
     async def _rollout_step(self, k: int) -> tuple[set[str], float]:
-        """The rollouts of RL step k: the plan, plus extra rounds while too few groups carry signal."""
+        """The rollouts of RL step k: the plan, plus extra rounds while too few groups carry signal, then the
+        forked children of some of them (`rollout.branch`: harness_env/rl/branching.py), in their groups."""
         t = time.monotonic()
         ids: set[str] = set()
+        planned: list[R.StepSpec] = []
         for rnd in range(1 + (self.run.rollout.max_extra_rounds if self.run.rl.filter_groups else 0)):
             specs = R.plan_step(self.run, self.train_tasks, k, round=rnd)
             await self.train_rollouts.run(specs)
+            planned += specs
             ids |= {s.rollout_id for s in specs}
             if R.groups_with_signal(results_of(self.train_rollouts.runner.results_path, ids)) >= \
                     self.run.rollout.groups_per_step:
                 break
+        tb = time.monotonic()
+        ids |= {s.rollout_id for s in await branching.run_children(self.train_rollouts, self.run, planned)}
+        self._branch_s[k] = time.monotonic() - tb
         return ids, time.monotonic() - t
 
     async def rl_sync(self) -> None:
@@ -222,6 +230,8 @@ class Loop:
                               max_off_policy=self.run.rollout.max_off_policy_steps,
                               loss_slots_k=self.run.train.loss_slots, max_groups=self._max_groups())
         m = self._rollout_metrics(results, batch, rollout_s, tree_s=time.monotonic() - t)
+        if self.run.rollout.branch:
+            m["branch/rollout_s"] = self._branch_s.pop(k, 0.0)
         if not batch.empty:
             t = time.monotonic()
             m.update(await asyncio.to_thread(self.learner.train, batch))
@@ -249,11 +259,17 @@ class Loop:
         return self.run.rollout.groups_per_step if extra else None
 
     def _rollout_metrics(self, results, batch: B.StepBatch, rollout_s: float, tree_s: float) -> dict:
-        m = rollout_metrics(results)
+        # the step's sampled rollouts; forked children (a biased sample: children of chosen rollouts) apart
+        m = rollout_metrics([r for r in results if not branching.is_child(r)])
+        m.update(branching.branch_metrics(results))
         m.update(rollout_s=rollout_s, tree_s=tree_s, stale_groups=batch.stale_groups,
                  stale_rollouts=batch.stale_rollouts, filtered_groups=batch.filtered_groups,
-                 rejected_calls=len(batch.rejections), tree_compression=batch.flat_tokens / max(batch.tree_tokens, 1))
-        generated = sum(c.completion_len for t in batch.trees for c in t.calls)
+                 rejected_calls=len(batch.rejections), tree_compression=batch.flat_tokens / max(batch.tree_tokens, 1),
+                 tree_tokens=float(batch.tree_tokens), flat_tokens=float(batch.flat_tokens))
+        # completions a forked child's shim answered from its parent's records took no engine time
+        replayed = sum((r.meta["replay"] or {}).get("replayed_tokens", 0) for r in results
+                       if branching.is_child(r) and r.rollout_id in batch.trained_ids)
+        generated = sum(c.completion_len for t in batch.trees for c in t.calls) - replayed
         m["rollout/generated_tokens"] = float(generated)
         m["rollout/tokens_per_s"] = generated / max(rollout_s, 1e-9)  # generation throughput seen by the harnesses
         if batch.trees:

@@ -152,6 +152,16 @@ class RolloutConfig:
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    # Forking by replay (harness_env/rl/branching.py): after a step's rollouts, children of some of them re-run the
+    # harness with the shim answering their first k calls from the parent's records, then sample fresh.
+    branch: str = ""  # which rollouts get children: "" (off) | failed | tool_error | all
+    branch_at: str = "first_tool_error"  # the fork call: first_tool_error (else uniform) | uniform
+    branch_children: int = 1  # children per fork
+    branch_max_per_step: int = 0  # children per step at most (0: no cap)
+
+
+BRANCH_WHICH = ("", "failed", "tool_error", "all")  # harness_env/rl/branching.py (research never imports it)
+BRANCH_AT = ("first_tool_error", "uniform")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,12 +443,16 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
     """Raises RunConfigError on the first broken invariant (see the module docstring)."""
     _one_of(run.algo, ALGOS, "config.algo")
     r, t, ro = run.rl, run.train, run.rollout
-    _one_of(r.estimator, advantages.GROUP_ESTIMATORS, "config.rl.estimator")
+    _one_of(r.estimator, advantages.ESTIMATORS, "config.rl.estimator")
     _one_of(r.aggregation, losses.AGGREGATIONS, "config.rl.aggregation")
     _one_of(r.kl_estimator, ("k1", "k3"), "config.rl.kl_estimator")
     _one_of(r.is_correction, ("none", "tis", "mis"), "config.rl.is_correction")
     _one_of(run.sync.kind, ("jax", "sglang"), "config.sync.kind")
     _one_of(ro.mode, ("sync", "async"), "config.rollout.mode")
+    _one_of(ro.branch, BRANCH_WHICH, "config.rollout.branch")
+    _one_of(ro.branch_at, BRANCH_AT, "config.rollout.branch_at")
+    _check(ro.branch_children >= 1 and ro.branch_max_per_step >= 0, f"config.rollout.branch_children="
+           f"{ro.branch_children} must be >= 1 and branch_max_per_step={ro.branch_max_per_step} >= 0 (0: no cap)")
 
     bad = [s for s in r.scored_failures if s not in ROLLOUT_STATUSES or s == "ok"]
     _check(not bad, f"config.rl.scored_failures: {bad} are not failure statuses; known: {ROLLOUT_STATUSES[1:]}")

@@ -40,6 +40,7 @@ from research.shim.common import (
     parse_json_body,
     safe_text,
 )
+from research.shim.fork import ReplayMismatch, ReplayPlan, ReplayState
 from research.shim.session import Call, ChatRequest, Session, ShimOptions, raise_gc_threshold
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class ShimServer:
         self._open_lru: collections.OrderedDict[str, None] = collections.OrderedDict()  # open-mode sessions
         self._closed: collections.OrderedDict[str, int] = collections.OrderedDict()  # sid -> calls it made
         self._closed_faults: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._closed_replays: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._runner: web.AppRunner | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -194,11 +196,15 @@ class ShimServer:
 
     # ---- sessions -------------------------------------------------------------------------------
 
-    async def open_session(self, rollout_id: str, group_id: str, harness: str, *, meta: dict | None = None
-                           ) -> SessionInfo:
+    async def open_session(self, rollout_id: str, group_id: str, harness: str, *, meta: dict | None = None,
+                           replay: ReplayPlan | None = None) -> SessionInfo:
+        """`replay`: a forked child's session, whose first calls are answered from its parent's records
+        (research/shim/fork.py; its outcome: `replay_status`)."""
         sid = uuid.uuid4().hex[:16]
         key = "sk-shim-" + secrets.token_hex(16)
-        self.sessions[sid] = Session(sid, key, rollout_id, group_id, harness, self.tok, meta)
+        s = self.sessions[sid] = Session(sid, key, rollout_id, group_id, harness, self.tok, meta)
+        if replay is not None:
+            s.replay = ReplayState(replay, self.tok.decode)
         return SessionInfo(sid, key, f"{self.url}/s/{sid}")
 
     async def close_session(self, session_id: str) -> list[CallRecord]:
@@ -211,9 +217,20 @@ class ShimServer:
         await self._cancel_inflight(s)
         self._closed[session_id] = s.n_calls  # aborted calls may have been counted meanwhile
         self._closed_faults[session_id] = list(s.faults)
-        while len(self._closed_faults) > FORGET_CLOSED:
-            self._closed_faults.popitem(last=False)
+        if s.replay is not None:
+            s.replay.close()
+            self._closed_replays[session_id] = s.replay.report()
+        for kept in (self._closed_faults, self._closed_replays):
+            while len(kept) > FORGET_CLOSED:
+                kept.popitem(last=False)
         return s.records
+
+    def replay_status(self, session_id: str) -> dict | None:
+        """A forked child session's replay report (ReplayState.report; final once closed); None for other sessions."""
+        s = self.sessions.get(session_id)
+        if s is not None:
+            return s.replay.report() if s.replay is not None else None
+        return self._closed_replays.get(session_id)
 
     def session_faults(self, session_id: str) -> list[str]:
         """The serving-side faults of a session (open or closed: the last FORGET_CLOSED closed ones)."""
@@ -376,6 +393,10 @@ class ShimServer:
             except EngineError as e:
                 fault(f"engine_error@{index}")
                 return error_response(api.provider, 500, f"engine error: {e}", "server")
+            except ReplayMismatch as e:  # a 400: harnesses retry 5xx, and a replay that diverged never recovers
+                fault(f"replay_mismatch@{index}")
+                return error_response(api.provider, 400, f"replay mismatch: {e}", "invalid_request",
+                                      code="replay_mismatch")
             return await api.respond(call, request)
         except (asyncio.CancelledError, ConnectionResetError):
             await call.abort()

@@ -32,6 +32,7 @@ from research.serving.api import (
     TokenChunk,
 )
 from research.shim.common import RequestCache, new_id, sampling_problem
+from research.shim.fork import ReplayState, recorded_stream
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
 from research.shim.prefix import PrefixIndex
 from research.shim.render import GeneratedTurn, Message, Plan, Prompt, SessionRenderer, turn_keys
@@ -120,6 +121,7 @@ class Session:
         # what the shim or the engine got wrong in this session ("engine_error@3": call 3): the runner reads
         # them to tell a harness the policy broke from one the serving side failed (harness_env/runner.py)
         self.faults: list[str] = []
+        self.replay: ReplayState | None = None  # a forked child's plan: its first calls answered from records
 
     def request_cache(self, api: str) -> RequestCache:
         """The parsed previous request of this session on `api` (see common.RequestCache)."""
@@ -188,6 +190,7 @@ class Call:
         self._commit_job: asyncio.Future | None = None  # the one capture record of this call
         self._abort_job: asyncio.Future | None = None
         self.sse = None  # set by the adapter once response headers are out (errors then go in-stream)
+        self.replay_meta: dict[str, Any] = {}  # {"replayed": True, "replay_of": id} when answered from a record
 
     # ---- before headers: everything that can still become a clean HTTP error ------------------
 
@@ -246,9 +249,13 @@ class Call:
             await asyncio.shield(self._prompt_job)
         else:
             self._finish_prompt(plan, None)
-        greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
-                               return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
-        self._stream = self.engine.stream(greq)
+        rec = self._replayed()
+        if rec is not None:  # a forked child's prefix: the parent's completion, no engine time
+            self._stream = recorded_stream(rec)
+        else:
+            greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
+                                   return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
+            self._stream = self.engine.stream(greq)
         try:
             self._first = await self._stream.__anext__()
         except StopAsyncIteration:
@@ -258,6 +265,14 @@ class Call:
         except BaseException:
             await asyncio.shield(self._close_stream())
             raise
+
+    def _replayed(self) -> CallRecord | None:
+        """The parent's record answering this call of a forked child (research/shim/fork.py); ReplayMismatch."""
+        rep = self.session.replay
+        rec = None if rep is None else rep.take(self.prompt.ids, self.session.n_calls, self.max_new_tokens)
+        if rec is not None:
+            self.replay_meta = {"replayed": True, "replay_of": rec.call_id}
+        return rec
 
     async def _close_stream(self) -> None:
         if self._stream is not None:
@@ -330,7 +345,8 @@ class Call:
         p = self.prompt
         meta = {"model": self.req.model, "stream": self.req.stream, "enable_thinking": self.thinking,
                 "exact_turns": p.exact_turns, "retokenized_turns": p.retokenized_turns,
-                "tokenized_tokens": p.tokenized_tokens, "max_new_tokens": self.max_new_tokens, **self.req.meta}
+                "tokenized_tokens": p.tokenized_tokens, "max_new_tokens": self.max_new_tokens, **self.req.meta,
+                **self.replay_meta}
         return CallRecord(
             rollout_id=self.session.rollout_id, session_id=self.session.session_id, group_id=self.session.group_id,
             harness=self.session.harness, call_index=self.session.next_index(), prompt_ids=p.ids,

@@ -6,7 +6,7 @@ except with probability `p_rewrite` a history rewrite (context compaction: the h
 prefix is replaced by a short summary), which branches the tree. With `p_duplicate` a session
 repeats the first completion of another session verbatim (same tokens, same or different
 behaviour logprobs): merged identical generations of different reward. Truncation: with `p_trunc`
-a completion ends with finish_reason "length".
+a completion ends with finish_reason "length". `fork_group` adds forked children (branches at later calls).
 """
 
 from __future__ import annotations
@@ -66,3 +66,50 @@ def make_harness_group(rng: np.random.Generator, *, group_id: str = "task0", ses
     return make_group(rng, group_id=group_id, sessions=sessions, turns=turns, prefix_len=prefix_len,
                       gen_len=gen_len, tool_len=tool_len, vocab=vocab, p_rewrite=0.0, p_duplicate=0.0,
                       p_trunc=0.0)
+
+
+
+def fork_group(rng: np.random.Generator, calls: list[CallRecord], results: list[RolloutResult], *, forks: int = 2,
+               children: int = 2, gen_len: tuple[int, int] = (2, 8), tool_len: tuple[int, int] = (1, 6),
+               vocab: int = 50) -> tuple[list[CallRecord], list[RolloutResult]]:
+    """The group plus forked children, shaped like harness_env/rl/branching.py's: a child of a rollout with n >= 2
+    calls replays its calls 0..k-1 exactly (tokens, logprobs, weight version; k uniform in 1..n-1), then makes
+    n - k fresh calls starting from the parent's call-k prompt (the state the replay reached); its first fresh
+    token differs from the parent's and its siblings', so the tree branches exactly at call k. Rewards random in
+    {0, 0.5, 1}."""
+    by_rid: dict[str, list[CallRecord]] = {}
+    for c in calls:
+        by_rid.setdefault(c.rollout_id, []).append(c)
+    eligible = sorted(r for r, cs in by_rid.items() if len(cs) >= 2)
+    out_c, out_r = list(calls), list(results)
+    for parent in rng.permutation(eligible)[:forks].tolist():
+        pcs = sorted(by_rid[parent], key=lambda c: c.call_index)
+        for j in range(children):
+            kid_calls, kid = _child(rng, pcs, int(rng.integers(1, len(pcs))), j, gen_len, tool_len, vocab)
+            out_c += kid_calls
+            out_r.append(kid)
+    return out_c, out_r
+
+
+def _child(rng: np.random.Generator, pcs: list[CallRecord], k: int, j: int, gen_len: tuple[int, int],
+           tool_len: tuple[int, int], vocab: int) -> tuple[list[CallRecord], RolloutResult]:
+    """Child j of the rollout whose calls are `pcs`, forked at call k (see `fork_group`)."""
+    rid = f"{pcs[0].rollout_id}.f{k}c{j}"
+    out = [_as_child(c, rid, i, c.prompt_ids, c.completion_ids, c.logprobs) for i, c in enumerate(pcs[:k])]
+    prompt = list(pcs[k].prompt_ids)
+    for i in range(k, len(pcs)):
+        comp = rng.integers(1, vocab, size=int(rng.integers(*gen_len))).tolist()
+        if i == k:
+            comp[0] = (pcs[k].completion_ids[0] + j) % (vocab - 1) + 1
+        lps = (-rng.random(len(comp)) * 2.0).astype(np.float32).tolist()
+        out.append(_as_child(pcs[0], rid, i, prompt, comp, lps))
+        prompt = prompt + comp + rng.integers(1, vocab, size=int(rng.integers(*tool_len))).tolist()
+    res = RolloutResult(rollout_id=rid, group_id=pcs[0].group_id, harness=pcs[0].harness, status="ok",
+                        reward=float(rng.choice([0.0, 0.5, 1.0])), session_ids=[f"{rid}-s"])
+    return out, res
+
+
+def _as_child(src: CallRecord, rid: str, i: int, prompt: list[int], comp: list[int], lps: list[float]) -> CallRecord:
+    return CallRecord(rollout_id=rid, session_id=f"{rid}-s", group_id=src.group_id, harness=src.harness,
+                      call_index=i, prompt_ids=list(prompt), completion_ids=list(comp), logprobs=list(lps),
+                      weight_version=src.weight_version, finish_reason="stop", call_id=f"{rid}-c{i}")

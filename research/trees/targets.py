@@ -12,6 +12,7 @@ import numpy as np
 
 from research import advantages as adv_lib
 from research import losses
+from research.trees import credit
 from research.trees.batch import STAT_FIELDS
 from research.trees.builder import GroupTree
 
@@ -50,9 +51,12 @@ def node_stats(tree: GroupTree, *, occ_adv: np.ndarray, agg_name: str,
 
 def rollout_advantages(trees: list[GroupTree], *, estimator: str) -> list[np.ndarray]:
     """GRPO-family: one advantage per rollout, normalised within each (group_id, harness) group.
+    Tree estimators (`tree_grpo`): one per node, from the group's tree (research/trees/credit.py).
 
-    Returns per tree the [O] advantage of each occurrence (its rollout's advantage).
+    Returns per tree the [O] advantage of each occurrence (its rollout's, or its node's).
     """
+    if estimator in adv_lib.TREE_ESTIMATORS:
+        return _tree_estimator(trees, estimator)
     keys, rewards, gids, group_of, seen = [], [], [], {}, set()
     for t in trees:
         gid = group_of.setdefault((t.group_id, t.harness), len(group_of))
@@ -69,6 +73,16 @@ def rollout_advantages(trees: list[GroupTree], *, estimator: str) -> list[np.nda
     by_key = dict(zip(keys, adv.tolist()))
     return [np.asarray([by_key[(group_of[(t.group_id, t.harness)], t.calls[ci].rollout_id)] for ci in t.occ_call],
                        np.float32) for t in trees]
+
+
+def _tree_estimator(trees: list[GroupTree], estimator: str) -> list[np.ndarray]:
+    """A tree estimator needs each group whole in one tree (node values come from all of its rollouts)."""
+    seen: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(trees):
+        if seen.setdefault((t.group_id, t.harness), i) != i:
+            raise ValueError(f"estimator {estimator!r} needs each group in one tree; group {t.group_id!r} harness "
+                             f"{t.harness!r} is split over trees {seen[(t.group_id, t.harness)]} and {i}")
+    return [credit.occurrence_advantages(t, estimator=estimator) for t in trees]
 
 
 def path_last(tree: GroupTree) -> np.ndarray:
