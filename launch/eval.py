@@ -70,7 +70,7 @@ def main(argv):
     tok = load_tokenizer(_TOKENIZER.value)
     limits = Limits(memory_mb=_MEMORY.value, workspace_mb=_WS_MB.value or None, home_mb=_HOME_MB.value or None)
     cfg = RunnerConfig(out_dir=out, backend=_BACKEND.value, concurrency=_CONC.value, timeout_s=_TIMEOUT.value,
-                       limits=limits, max_turns=_MAX_TURNS.value)
+                       limits=limits, max_turns=_MAX_TURNS.value, progress_label="eval")
     try:
         tasks = task_dirs(_TASKS.value, out, split=_SPLIT.value, limit=_LIMIT.value, seed=_SEED.value,
                           heldout_fraction=_HELDOUT.value)

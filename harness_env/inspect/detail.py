@@ -12,7 +12,7 @@ import pathlib
 
 from harness_env.inspect import tree_view as T
 from harness_env.inspect.index import CallRef, Row, Run, Source
-from harness_env.inspect.pages import esc, fmt, kv_table, layout, link, status_html, table, url
+from harness_env.inspect.pages import esc, fmt, kv_table, layout, link, rollout_rows, status_html, table, url
 from research.capture import RolloutResult
 
 TREE_JS = """
@@ -177,7 +177,6 @@ def list_files(rdir: pathlib.Path, limit: int = 300) -> list[str]:
 
 def group_page(run: Run, src: Source, gid: str, rows: list[Row], view: T.TreeView | None, why: str,
                text: T.TokenText, tpage: int, multi: bool) -> str:
-    from harness_env.inspect.pages import rollout_rows
 
     if view is None:
         body = [f'<p class="st-bad">no tree: {esc(why)}</p>', rollout_rows(run, rows)]
