@@ -123,7 +123,10 @@ def test_microbatches_equal_full_batch():
     b, mb = micro(s2, batch)
     for k in ("loss", "mse", "grad_norm", "update_norm", "param_norm"):
         np.testing.assert_allclose(float(ma[k]), float(mb[k]), rtol=1e-5, err_msg=k)
-    np.testing.assert_allclose(np.asarray(a.params["w"]), np.asarray(b.params["w"]), rtol=1e-5, atol=1e-7)
+    # Adam's first step moves each element by ~lr * g / (|g| + eps): an element whose gradient is summed in another
+    # order over the microbatches can differ by a small fraction of lr (measured 1.0e-5 = lr / 1000 on one of 512);
+    # a lost or doubled microbatch moves the loss and grad_norm above, and elements by whole steps
+    np.testing.assert_allclose(np.asarray(a.params["w"]), np.asarray(b.params["w"]), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="num_microbatches"):
         make_train_step(loss_fn=loss_fn, optimizer=_opt(), state_shardings=sh, batch_shardings=bsh,
                         num_microbatches=0)

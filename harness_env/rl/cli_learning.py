@@ -79,9 +79,10 @@ def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: 
     # fixed per CLI: the CLI shapes its prompt by the window it is told, so SFT, RL and eval share one
     cfg.engine.max_len = cfg.train.row_len = tight_context(harness.split(","))
     cfg.tasks.update(source="dir", train_dir=str(tasks), eval_dir=str(tasks))
-    cfg.rl.update(**rl)
+    # the recipe as measured (docs/experiments/2026-12-03-codex-seeds.md): every group trained, no extra rounds
+    cfg.rl.update(**{"filter_groups": False, **rl})
     cfg.sft.update(steps=sft_steps, expert=EXPERT)
-    cfg.rollout.update(max_turns=3)
+    cfg.rollout.update(max_turns=3, max_extra_rounds=0)
     cfg.eval.update(every=0, at_start=False, after_sft=False, samples=1, temperature=0.0)
     cfg.train.update(steps=rl_steps)
     cfg.checkpoint.update(every=6)
