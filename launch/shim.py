@@ -53,7 +53,8 @@ def endpoint_spec() -> str:
 
 async def _serve(tok, engine: Engine, spec: str) -> None:  # noqa: ANN001
     capture = CaptureLog(_CAPTURE.value)
-    opts = ShimOptions(enable_thinking=_THINK.value, sampling_override=json.loads(_SAMPLING.value or "{}"))
+    opts = ShimOptions(enable_thinking=_THINK.value, sampling_override=json.loads(_SAMPLING.value or "{}"),
+                       vision=engine.image_processor)  # a vision-language policy takes the harness's images
     server = ShimServer(engine, tok, capture, enforce_sessions=_ENFORCE.value, host=_HOST.value, port=_PORT.value,
                         unix_socket=_UNIX.value, options=opts)
     await server.start()

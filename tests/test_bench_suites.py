@@ -36,6 +36,14 @@ TINY = {
     "harness_learning": (["harnesses=codex", "sft_steps=2", "rl_steps=2"],
                          {"lift_codex", "end_codex", "steps_to_80_codex", "rollout_s_codex", "train_s_codex",
                           "tree_vs_flat_tokens", "prefill_reuse"}),
+    "vlm": (["d=64", "depth=1", "width=320", "height=240", "iters=1", "group=2", "turns=2"],
+            {"hf_parity_max", "image_tokens_per_s", "text_tokens_per_s", "image_vs_text", "tree_vs_flat_tokens",
+             "tower_images_tree", "tower_images_flat"}),
+    # one SFT part and two RL arms of configs/branching.py's test variant (~1 min)
+    "branching": (["variant=test", "sft_steps=2", "rl_steps=2"],
+                  {"pass_start", "pass_branching", "pass_trajectory", "branching_minus_trajectory", "recovery_before",
+                   "recovery_after", "replay_match_rate", "children_per_step", "rollout_s_branching",
+                   "pass_control", "trajectory_minus_control"}),
     "viewer": (["rollouts=300", "requests=5"], {"index_s", "page_ms_p50", "static_ms_p50", "page_vs_static",
                                                 "reindex_s", "reindex_vs_full", "tree_first_ms", "page_ms_max"}),
     # XLA's ops (kernels=false): the CPU decode kernels' own path is tests/test_engine_bench.py's
@@ -69,7 +77,7 @@ COVERED = {
     "learning": "tests/test_rl_learning.py",
     "multihost": "tests/test_multihost.py",
 }
-SLOW = {"rl_loop", "harness_learning", "learning", "multihost"}
+SLOW = {"rl_loop", "harness_learning", "learning", "multihost", "branching"}
 
 
 def _suites() -> set[str]:

@@ -40,7 +40,8 @@ def test_every_part_runs_on_cpu():
     slots = out["train_rows"] * out["train_row_len"]
     assert 0 < out["train_tokens_per_s"] * out["train_step_s"] <= slots, out
     assert out["train_first_step_s"] > out["train_step_s"], out
-    # continuous batching decodes 4 requests in about the steps of one (measured 1.7x-2.7x on a loaded 2-core
-    # machine); served one after another, c4 would be no faster than c1
-    assert out["engine_tokens_per_s_c4"] > 1.25 * out["engine_tokens_per_s_c1"], out
+    # continuous batching decodes 4 requests in about the steps of one (a count load cannot move; serial would
+    # take 4x); tokens/s follows (measured 1.7x-2.7x on a loaded 2-core machine), so its bound only asks faster
+    assert 0 < out["engine_decode_steps_c4"] <= 2 * out["engine_decode_steps_c1"], out
+    assert out["engine_tokens_per_s_c4"] > out["engine_tokens_per_s_c1"], out
     assert out["tree_vs_flat_tokens_ratio_3"] > 1 and out["tree_vs_flat_loss_rel_diff_3"] < 1e-5

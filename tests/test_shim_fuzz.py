@@ -84,7 +84,8 @@ def assert_error_shape(path: str, body: bytes) -> None:
 
 
 def _sse_data(raw: bytes) -> list[dict]:
-    lines = raw.decode().splitlines()
+    # SSE lines end at CR, LF or CRLF only (str.splitlines would also cut at U+2028, U+0085, ... inside JSON strings)
+    lines = re.split(r"\r\n|\r|\n", raw.decode())
     return [json.loads(x[len("data: "):]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
 
 
@@ -198,6 +199,33 @@ def test_fuzzed_requests_never_5xx(tok, tmp_path):
         want_text, want_calls, want_n = record_view(tok, rec)
         assert (text, calls) == (want_text, want_calls), (path, raw[:600], tok.decode(rec.completion_ids))
         assert n is None or n == want_n, (path, n, want_n)  # a streamed chat reports usage only when asked
+
+
+def test_streams_keep_unicode_line_separators_inside_their_json(tok, tmp_path):
+    """U+2028, U+2029 and U+0085 in an echoed field stay inside one SSE data line (a fuzz case once cut there):
+    the shim escapes them, and our SSE reader splits at CR/LF only, as the spec says."""
+    engine = ReplayEngine(["ok\u2028fine\x85"], tok, cycle=True)
+    odd = "m\u2028o\x85d\u2029el"
+
+    async def go():
+        async with running_shim(engine, tok, tmp_path / "log.jsonl", enforce_sessions=False) as srv, \
+                aiohttp.ClientSession() as http:
+            out = []
+            for path in VIEWS:
+                body = {"model": odd, "messages": [{"role": "user", "content": odd}], "input": odd,
+                        "max_tokens": 8, "stream": True}
+                async with http.post(srv.url + path, json=body) as r:
+                    out.append((path, r.status, r.headers.get("Content-Type", ""), await r.read()))
+            return out
+
+    answers = asyncio.run(asyncio.wait_for(go(), 30))
+    recs = list(read_log(tmp_path / "log.jsonl"))
+    assert [a[1] for a in answers] == [200] * 3 and len(recs) == 3
+    for (path, _, ctype, raw), rec in zip(answers, recs):
+        assert ctype.startswith("text/event-stream"), path
+        assert not any(c.encode() in raw for c in "\u2028\u2029\x85"), path  # escaped: safe for any line splitter
+        assert client_view(path, ctype, raw)[:2] == record_view(tok, rec)[:2], (path, raw[:400])
+        assert "ok\u2028fine" in client_view(path, ctype, raw)[0], path
 
 
 def test_truncated_sse_clients_and_oversize_bodies(tok, tmp_path):

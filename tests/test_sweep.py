@@ -30,13 +30,13 @@ def test_summary_numbers_and_checks():
     assert s["start"]["median"] == pytest.approx(0.4) and s["control"]["max"] == 0.5
     assert not s["every_seed_ok"] and not s["median_final_ok"]
     # equal minutes: 4 RL minutes at the SFT phase's 0.5 minutes per step buy 8 SFT steps
-    assert sweep._control_steps(rows[0]["sft"], rows[0]["rl"], 10) == 8
+    assert sweep.control_steps(rows[0]["sft"], rows[0]["rl"], 10) == 8
     # one SFT eval (after SFT only): the pace since the run's start, 5 minutes for 10 steps; a zero-length span
     # never divides (it asked for 11.8e9 control steps)
     one = rows[0]["sft"][-1:]
-    assert sweep._control_steps(one, rows[0]["rl"], 10) == 8
+    assert sweep.control_steps(one, rows[0]["rl"], 10) == 8
     with pytest.raises(ValueError, match="pace"):
-        sweep._control_steps(_evals((10, 0.0, 0.3)), rows[0]["rl"], 10)
+        sweep.control_steps(_evals((10, 0.0, 0.3)), rows[0]["rl"], 10)
 
 
 def test_a_seed_that_does_not_beat_its_control_fails():

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from research.capture import CallRecord
+from research.shim.render import tool_results
 
 SHELL_TOOLS = {"bash", "shell", "exec", "exec_command", "run_shell_command", "local_shell", "terminal", "run"}
 WRITE_TOOLS = {"write_file", "write", "edit", "multiedit", "str_replace", "str_replace_editor", "apply_patch",
@@ -37,7 +38,6 @@ _EXIT = re.compile(r"^\s*(?:exit code|exit_code|Exit code)[:= ]+(-?\d+)", re.M)
 _ERROR = re.compile(r"Traceback \(most recent call last\)|command not found|No such file or directory|"
                     r"Permission denied|\bError:|\berror:|\bFAILED\b|failed:|bad arguments|timed out")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_TOOL_RESP = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
 _TOOLS_BLOCK = re.compile(r"<tools>(.*?)</tools>", re.S)
 
 
@@ -155,7 +155,7 @@ def parse_tool_calls(completion: str) -> list[tuple[str, dict]]:
 def tool_responses(prompt: str) -> list[str]:
     """Tool results that follow the last assistant turn of a prompt (answers to that turn's calls)."""
     cut = prompt.rfind("<|im_start|>assistant\n", 0, max(0, len(prompt) - 1))
-    return _TOOL_RESP.findall(prompt[cut:] if cut >= 0 else prompt)
+    return tool_results(prompt[cut:] if cut >= 0 else prompt)
 
 
 def tools_offered(prompt: str) -> list[str]:

@@ -10,7 +10,7 @@ import tempfile
 from harness_env.eval import analytics, metrics, report
 from harness_env.rl.experts import harness_of_prompt, readdress
 from harness_env.runner import Runner, RunnerConfig, plan
-from harness_env.tasks import family, relay
+from harness_env.tasks import select
 from harness_env.tasks.select import parse_spec, select_tasks
 from research.capture import CaptureLog, RolloutResult, read_log
 
@@ -30,7 +30,7 @@ def task_dirs(spec: str, scratch: pathlib.Path, *, split: str | None = None, lim
 def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | None = None,  # noqa: ANN001
                  tasks: list[pathlib.Path] | None = None):
     """The engine for an endpoint spec (research/serving/factory.py), plus `oracle`: a scripted engine that
-    solves the make_file and relay families (through any CLI's own shell tool) and the web tasks among `tasks`
+    solves the make_file, relay and recover families (through any CLI's own shell tool) and the web tasks among `tasks`
     (their solution/plan.json, through whichever browser harness runs them: harness_env/web/policy.py) - a
     pipeline check."""
     from harness_env.web.policy import WebOracle
@@ -42,8 +42,8 @@ def build_engine(endpoint: str, tok, *, max_len: int = 4096, max_context: int | 
         out = web.reply(prompt)
         if out is not None:
             return out
-        reply = relay.oracle_reply(prompt) if relay.is_task(prompt) else family.oracle_reply(prompt)
-        return readdress(reply, harness_of_prompt(prompt))  # the shell call in the asking CLI's own tool
+        # the shell call in the asking CLI's own tool
+        return readdress(select.oracle_reply(prompt), harness_of_prompt(prompt))
 
     return build(endpoint, tok, max_len=max_len, max_context=max_context, scripts={"oracle": oracle})
 
@@ -64,6 +64,10 @@ async def evaluate(*, tasks: list[pathlib.Path], harnesses: list[str], k: int, e
     out.mkdir(parents=True, exist_ok=True)
     capture = CaptureLog(out / "capture.jsonl")
     sock = pathlib.Path(tempfile.gettempdir()) / f"hrl-shim-{os.getpid()}.sock"  # AF_UNIX paths: <108 bytes
+    if shim_options is None:
+        from research.shim.session import ShimOptions
+
+        shim_options = ShimOptions(vision=engine.image_processor)
     server = ShimServer(engine, tok, capture, unix_socket=str(sock), options=shim_options)
     await server.start()
     runner = Runner(cfg, server, capture_log=capture)

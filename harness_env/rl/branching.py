@@ -9,11 +9,13 @@ call k's alternatives against each other.
 
 `config.rollout.branch` says which rollouts get children ("" = off): `failed` (not a success), `tool_error` (a shell
 tool call that failed), `all` (any rollout that will be trained on). `branch_at` says where: `first_tool_error`
-forks at the call that issued the first failed tool call (that decision is re-sampled; a parent without one forks
-uniformly), `uniform` at a call drawn uniformly from 1..n-1 (n: the parent's replayable calls). Each fork gets
-`branch_children` children, at most `branch_max_per_step` per step (0: no cap). Only the step's own rollouts are
-parents (no grandchildren). The plan is a pure function of (seed, step, the parents' results and records), so a
-resumed step replans the same children and the runner skips the finished ones.
+forks at the call that issued the first failed tool call (that decision is re-sampled), `after_tool_error` at the
+call that reads its failure (the failed call is replayed and the reaction to the error re-sampled: the samples land
+where the rollout went wrong); a parent without a failed call forks uniformly under both; `uniform` at a call
+drawn uniformly from 1..n-1 (n: the parent's replayable calls). Each fork gets `branch_children` children, at
+most `branch_max_per_step` per step (0: no cap). Only the step's own rollouts are parents (no grandchildren). The
+plan is a pure function of (seed, step, the parents' results and records), so a resumed step replans the same
+children and the runner skips the finished ones.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ from harness_env.rl.rollouts import StepSpec
 from research.capture import CallRecord, CaptureError, PromptResolver, RolloutResult, read_log
 from research.rl.config import BRANCH_AT, BRANCH_WHICH
 from research.shim.fork import ReplayPlan
+from research.shim.render import tool_results
 
 # A failed shell call as each CLI reports it on one of the first lines of its tool result (the next call's prompt
 # holds it): the reference agent "exit code 2", Claude Code "Exit code 1", Codex's exec_command "Process exited with
 # code 1". Other tools' failures (a file that does not exist for Claude Code's Read) are not seen.
 TOOL_FAILED = re.compile(r"^(?:exit code|Exit code:?|Process exited with code) [1-9]\d*\s*$", re.M)
-RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 HEAD_LINES = 4
 _CALL_LINE = b'{"kind":"call","rollout_id":"'  # how research/capture.to_json_bytes starts a call's line
 
@@ -69,7 +71,7 @@ def failed_tool_calls(records: Sequence[CallRecord], decode: Callable[[list[int]
         if n is None or (n.prefix_match_len or 0) < len(c.prompt_ids):
             continue
         text = decode(list(n.prompt_ids[n.prefix_match_len:]))
-        heads = ("\n".join(r.split("\n")[:HEAD_LINES]) for r in RESPONSE.findall(text))
+        heads = ("\n".join(r.split("\n")[:HEAD_LINES]) for r in tool_results(text))
         if any(TOOL_FAILED.search(h) for h in heads):
             out.append(c.call_index)
     return out
@@ -88,8 +90,9 @@ def replayable(records: Sequence[CallRecord]) -> int:
 def fork_point(records: Sequence[CallRecord], failed: Sequence[int], *, at: str, rng: random.Random) -> int | None:
     """The call a child re-samples (see the module doc); None when the parent has no call to fork at."""
     n = replayable(records)
-    if at == "first_tool_error":
-        k = next((i for i in failed if i < n), None)
+    if at in ("first_tool_error", "after_tool_error"):
+        # calls 0..i must replay (i < n); after_tool_error re-samples call i + 1, whose prompt shows the failure
+        k = next((i + (at == "after_tool_error") for i in failed if i < n), None)
         if k is not None:
             return k
     elif at != "uniform":

@@ -23,7 +23,7 @@ from configs import harness_matrix
 from harness_env.harnesses.base import tight_context
 from harness_env.rl import experts
 from harness_env.rl.sweep import run_part
-from research.rl.metrics import read_metrics
+from research.rl.metrics import last_per_step, median_of
 
 WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
 TARGET = "river"
@@ -89,11 +89,6 @@ def config(harness: str, tasks: pathlib.Path, *, algo: str = "grpo", sft_steps: 
     return cfg
 
 
-def train_metrics(workdir: pathlib.Path) -> list[dict]:
-
-    return [m for m in read_metrics(workdir) if m["kind"] == "train"]
-
-
 def run(harness: str, root: pathlib.Path, *, sft_steps: int = 100, rl_steps: int = 12, negated_steps: int = 8,
         seed: int = 0) -> dict:
     """SFT, then GRPO and (from the same SFT checkpoint) the negated-advantage control, under `root`; resumable
@@ -107,16 +102,15 @@ def run(harness: str, root: pathlib.Path, *, sft_steps: int = 100, rl_steps: int
         cfg.seed = seed
         if name != "negated" or negated_steps > 0:
             run_part(cfg, root / name, source=None if name == "sft" else root / "sft")
-    rl, neg = train_metrics(root / "rl"), train_metrics(root / "negated") if negated_steps > 0 else []
+    rl, neg = last_per_step(root / "rl"), last_per_step(root / "negated") if negated_steps > 0 else []
     names = harness.split(",")
     return {"rewards": [m["rollout/all/reward"] for m in rl], "negated": [m["rollout/all/reward"] for m in neg],
             "per_harness": {h: [m.get(f"rollout/{h}/reward", float("nan")) for m in rl] for h in names},
-            "tree_vs_flat": float(np.median([m["tree_compression"] for m in rl if m["tree_compression"] > 0])),
-            "prefill_reuse": float(np.median([m.get("engine/prefill_reuse", 0.0) for m in rl])),
+            "tree_vs_flat": median_of(rl, "tree_compression", positive=True),
+            "prefill_reuse": median_of(rl, "engine/prefill_reuse"),
             "statuses": {k[len("rollout/status/"):]: sum(m.get(k, 0.0) for m in rl)
                          for k in sorted({k for m in rl for k in m if k.startswith("rollout/status/")})},
-            "rollout_s": float(np.median([m["rollout_s"] for m in rl])),
-            "train_s": float(np.median([m.get("train_s", 0.0) for m in rl]))}
+            "rollout_s": median_of(rl, "rollout_s"), "train_s": median_of(rl, "train_s")}
 
 
 def lift(rewards: list[float], k: int = 3) -> float:

@@ -10,7 +10,8 @@ through every CLI, each with its own tools, as a user of that CLI would see it. 
 experts: "make_file" is the family's perfect expert, "make_file_imperfect" its literal-minded one and
 "make_file_sloppy" a sloppy one (~60% of the tasks wrong in one systematic way each:
 harness_env/tasks/family.py), as real demonstrations are imperfect; "relay_literal" reads the relay family's
-clue and copies it, on most tasks in a literal form (harness_env/tasks/relay.py).
+clue and copies it, on most tasks in a literal form (harness_env/tasks/relay.py); "recover_giveup" gives up after
+the recover family's failed first command on most of the tasks where it fails (harness_env/tasks/recover.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 from harness_env.harnesses.base import get_harness
 from harness_env.harnesses.scripted import tool_call_text
-from harness_env.tasks import family, relay
+from harness_env.tasks import family, recover, relay
 from research.serving.api import GenerateRequest
 from research.serving.replay import ReplayEngine
 
@@ -29,7 +30,8 @@ EXPERTS: dict[str, Callable[[str], str]] = {"make_file": family.oracle_reply,
                                             "make_file_imperfect": family.imperfect_reply,
                                             "make_file_sloppy": family.sloppy_reply,
                                             "make_file_cut": family.cut_reply,
-                                            "relay": relay.oracle_reply, "relay_literal": relay.expert_reply}
+                                            "relay": relay.oracle_reply, "relay_literal": relay.expert_reply,
+                                            "recover": recover.oracle_reply, "recover_giveup": recover.expert_reply}
 
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)

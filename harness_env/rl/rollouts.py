@@ -143,7 +143,8 @@ class RolloutService:
         sock = workdir / f"{name}.sock"
         opts = ShimOptions(enable_thinking=cfg.rollout.enable_thinking,
                            default_max_tokens=cfg.rollout.max_new_tokens,
-                           sampling_override=dict(sampling if sampling is not None else self.train_sampling()))
+                           sampling_override=dict(sampling if sampling is not None else self.train_sampling()),
+                           vision=engine.image_processor)  # a vision-language policy sees the harness's images
         cap = max_new_tokens or cfg.rollout.max_new_tokens
         self.shim = ShimServer(CappedEngine(engine, cap), tokenizer, self.capture,
                                unix_socket=str(sock), options=opts)
@@ -194,6 +195,10 @@ class CappedEngine(Engine):
     @property
     def max_context(self) -> int:
         return self.inner.max_context
+
+    @property
+    def image_processor(self):  # noqa: ANN201
+        return self.inner.image_processor
 
     def stream(self, req: GenerateRequest):
         sp = dataclasses.replace(req.sampling, max_new_tokens=min(req.sampling.max_new_tokens, self.max_new))

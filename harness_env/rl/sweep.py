@@ -24,7 +24,9 @@ import math
 import pathlib
 import shutil
 import statistics
+from collections.abc import Iterator
 
+from harness_env.rl.branching import failed_tool_calls, records_of
 from harness_env.rl.loop import train
 from harness_env.tasks import relay
 from harness_env.tasks.family import classify_answer
@@ -67,26 +69,36 @@ def evals(workdir: pathlib.Path) -> list[dict]:
             for v, r in sorted(last.items())]
 
 
+def _eval_results(workdir: pathlib.Path, version: int) -> dict[str, RolloutResult]:
+    """The held-out rollouts of eval `version` (their ids start with `eval{version:05d}.`), by rollout id."""
+    prefix = f"eval{version:05d}."
+    return {r.rollout_id: r for r in read_log(workdir / "eval" / "results.jsonl")
+            if isinstance(r, RolloutResult) and r.rollout_id.startswith(prefix)}
+
+
+def _eval_calls(workdir: pathlib.Path, rollout_ids, call_index: int) -> Iterator[CallRecord]:  # noqa: ANN001
+    """The eval's captured calls number `call_index` of the rollouts `rollout_ids`."""
+    for c in read_log(workdir / "eval_capture.jsonl"):
+        if isinstance(c, CallRecord) and c.call_index == call_index and c.rollout_id in rollout_ids:
+            yield c
+
+
 def answer_forms(workdir: pathlib.Path, version: int) -> dict:
     """Counts of the make_file family's held-out answers at eval `version` by form and name (family.classify_answer):
     `cut`, `echo`, `other`, `name_ok`, and per form how many copied the name right."""
 
-    tok, prefix = load_tokenizer(None), f"eval{version:05d}."
-    params = {}
-    for r in read_log(workdir / "eval" / "results.jsonl"):
-        if isinstance(r, RolloutResult) and r.rollout_id.startswith(prefix):
-            entry = json.loads((pathlib.Path(r.meta["task_dir"]) / "data_entry.json").read_text())
-            params[r.rollout_id] = entry["metadata"]["params"]
+    tok = load_tokenizer(None)
+    params = {rid: json.loads((pathlib.Path(r.meta["task_dir"]) / "data_entry.json").read_text())["metadata"]["params"]
+              for rid, r in _eval_results(workdir, version).items()}
     counts = {"n": 0, "cut": 0, "echo": 0, "other": 0, "name_ok": 0, "cut_name_ok": 0, "echo_name_ok": 0}
-    for c in read_log(workdir / "eval_capture.jsonl"):
-        if isinstance(c, CallRecord) and c.call_index == 0 and c.rollout_id in params:
-            p = params[c.rollout_id]
-            a = classify_answer(tok.decode(c.completion_ids), p["name"], p["word"])
-            counts["n"] += 1
-            counts[a["form"]] += 1
-            if a["name_ok"]:
-                counts["name_ok"] += 1
-                counts[f"{a['form']}_name_ok"] += 1  # "other" answers never name a file
+    for c in _eval_calls(workdir, params, 0):
+        p = params[c.rollout_id]
+        a = classify_answer(tok.decode(c.completion_ids), p["name"], p["word"])
+        counts["n"] += 1
+        counts[a["form"]] += 1
+        if a["name_ok"]:
+            counts["name_ok"] += 1
+            counts[f"{a['form']}_name_ok"] += 1  # "other" answers never name a file
     return counts
 
 
@@ -96,25 +108,35 @@ def relay_answers(workdir: pathlib.Path, version: int) -> dict:
     of their second calls' `echo [the word] WORD > out.txt` (well-formed for the CLI or not; "none" when a second
     call names no write), and `copied`, the share whose written word is the task's clue."""
 
-    tok, prefix = load_tokenizer(None), f"eval{version:05d}."
-    clue, passed = {}, {}
-    for r in read_log(workdir / "eval" / "results.jsonl"):
-        if isinstance(r, RolloutResult) and r.rollout_id.startswith(prefix):
-            n = int(pathlib.Path(r.meta["task_dir"]).name.split("-")[1])  # relay-NN: the clue follows from N
-            clue[r.rollout_id], passed[r.rollout_id] = relay.clue_of(n), (r.reward or 0.0) >= 1.0
+    tok, results = load_tokenizer(None), _eval_results(workdir, version)
+    # relay-NN: the clue follows from N
+    clue = {rid: relay.clue_of(int(pathlib.Path(r.meta["task_dir"]).name.split("-")[1])) for rid, r in results.items()}
+    passed = {rid: (r.reward or 0.0) >= 1.0 for rid, r in results.items()}
     forms, copied = {"exact": 0, "literal": 0, "none": 0}, 0
-    for c in read_log(workdir / "eval_capture.jsonl"):
-        if isinstance(c, CallRecord) and c.call_index == 1 and c.rollout_id in clue:
-            w = relay.written(tok.decode(c.completion_ids))
-            forms[w[0] if w else "none"] += 1
-            copied += bool(w and w[1] == clue[c.rollout_id])
+    for c in _eval_calls(workdir, clue, 1):
+        w = relay.written(tok.decode(c.completion_ids))
+        forms[w[0] if w else "none"] += 1
+        copied += bool(w and w[1] == clue[c.rollout_id])
     n = len(clue)
     by_clue = {w: float(statistics.mean([passed[r] for r in clue if clue[r] == w] or [0.0])) for w in relay.CLUES}
     forms["none"] += n - sum(forms.values())  # rollouts that never made a second call
     return {"n": n, "by_clue": by_clue, "forms": forms, "copied": copied / max(n, 1)}
 
 
-def _control_steps(sft_evals: list[dict], rl_evals: list[dict], sft_steps: int) -> int:
+def recovery(workdir: pathlib.Path, version: int) -> dict:
+    """Error recovery at eval `version`: of the held-out rollouts with a failed shell call (a tool result that
+    reports a non-zero exit: branching.failed_tool_calls), how many, and the share that still succeeded (None: none
+    had one)."""
+
+    tok = load_tokenizer(None)
+    passed = {rid: (r.reward or 0.0) >= 1.0 for rid, r in _eval_results(workdir, version).items()}
+    calls = records_of(workdir / "eval_capture.jsonl", passed)
+    hit = [rid for rid, recs in calls.items() if failed_tool_calls(recs, tok.decode)]
+    return {"n": len(passed), "with_failure": len(hit),
+            "recovered": statistics.mean(passed[r] for r in hit) if hit else None}
+
+
+def control_steps(sft_evals: list[dict], rl_evals: list[dict], sft_steps: int) -> int:
     """SFT steps the RL phase's work minutes buy at the SFT phase's measured pace (evals included): between its
     first and last evals, or, with only the one after SFT (eval.at_start off), since the run's start (minute 0:
     the demonstrations' capture is then counted in the pace, which a control copied from the SFT run does not
@@ -142,8 +164,10 @@ def run_seed(config, seed: int, root: pathlib.Path, *, control: bool = True) -> 
         row["answers"] = {str(v): answer_forms(base / "rl", v) for v in (sft_steps, row["rl"][-1]["version"])}
     if config.tasks.source == "relay":  # does the policy read the clue, or guess a favourite word?
         row["answers"] = {str(v): relay_answers(base / "rl", v) for v in (sft_steps, row["rl"][-1]["version"])}
+    if config.tasks.source == "recover":  # recovery before / after RL (the failed `cat clue.txt` of moved tasks)
+        row["recovery"] = {str(v): recovery(base / "rl", v) for v in (sft_steps, row["rl"][-1]["version"])}
     if control:
-        extra = _control_steps(row["sft"], row["rl"], sft_steps)
+        extra = control_steps(row["sft"], row["rl"], sft_steps)
         every = max(1, extra // 4) if config.eval.sft_every else 0
         log.info("sweep seed %d: control, %d more SFT steps (equal minutes)", seed, extra)
         run_part(_seed_config(config, seed, algo="sft", **{"sft.steps": sft_steps + extra, "eval.sft_every": every,
@@ -153,7 +177,7 @@ def run_seed(config, seed: int, root: pathlib.Path, *, control: bool = True) -> 
     return row
 
 
-def _at_or_after(points: list[dict], minutes: float) -> dict:
+def at_or_after(points: list[dict], minutes: float) -> dict:
     later = [p for p in points if p["minutes"] >= minutes - 1e-9]
     return later[0] if later else points[-1]
 
@@ -172,7 +196,7 @@ def summarize(rows: list[dict], sft_steps: int, min_gain: float = 0.25) -> dict:
                  "final_reward": final["reward"], "rl_minutes": final["minutes"] - start["minutes"]}
         if r.get("control"):
             ctl = [p for p in r["control"] if p["version"] > sft_steps]
-            eq = _at_or_after(ctl, final["minutes"]) if ctl else start
+            eq = at_or_after(ctl, final["minutes"]) if ctl else start
             entry.update(control=eq["pass"], control_reward=eq["reward"], control_steps=eq["version"] - sft_steps,
                          control_best=max(p["pass"] for p in ctl) if ctl else start["pass"])
         entry["ok"] = (entry["final"] >= min(entry["start"] + min_gain, 0.95) and entry["final"] >= entry["start"]
@@ -201,6 +225,13 @@ def write_outputs(root: pathlib.Path, rows: list[dict], summary: dict) -> None:
     plot_sweep(rows, root / "sweep.png", summary.get("sft_steps", 0))
 
 
+def median_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Per eval index, the median (minutes, pass) over curves that share one eval schedule (the shortest's length)."""
+    n = min((len(c) for c in curves), default=0)
+    return [(statistics.median(c[j][0] for c in curves), statistics.median(c[j][1] for c in curves))
+            for j in range(n)]
+
+
 def plot_sweep(rows: list[dict], out: pathlib.Path, sft_steps: int = 0) -> pathlib.Path:
     """Held-out pass rate against work minutes: each seed thin (RL solid from the start, the control dashed from
     its branch point, SFT step `sft_steps`), medians thick."""
@@ -214,10 +245,8 @@ def plot_sweep(rows: list[dict], out: pathlib.Path, sft_steps: int = 0) -> pathl
         curves = [[p for p in r[kind] if kind == "rl" or p["version"] >= sft_steps] for r in rows if r.get(kind)]
         for i, c in enumerate(curves):
             ax.plot([p["minutes"] for p in c], [p["pass"] for p in c], style, color=f"C{i % 10}", lw=0.8, alpha=0.6)
-        n = min((len(c) for c in curves), default=0)
-        if n:  # every seed has the same eval schedule: the median of each eval's minutes and pass rate
-            med = [(statistics.median(c[j]["minutes"] for c in curves), statistics.median(c[j]["pass"] for c in curves))
-                   for j in range(n)]
+        med = median_curve([[(p["minutes"], p["pass"]) for p in c] for c in curves])
+        if med:  # every seed has the same eval schedule: the median of each eval's minutes and pass rate
             label = "median, SFT then RL" if kind == "rl" else "median, SFT only (control)"
             ax.plot([m for m, _ in med], [p for _, p in med], style, color="black", lw=2.2, label=label)
     ax.set_xlabel("work minutes since the run started")

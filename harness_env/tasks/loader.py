@@ -375,3 +375,13 @@ def _write_tmp(text: str) -> pathlib.Path:
     with f:
         f.write(text)
     return pathlib.Path(f.name)
+
+
+def new_task_dir(out_dir: str | pathlib.Path, task_id: str, subdirs: tuple[str, ...]) -> pathlib.Path:
+    """An empty task folder `out_dir/task_id` with `subdirs` (a generated family's writer: a rewrite leaves no
+    stale file of an earlier version behind)."""
+    d = pathlib.Path(out_dir) / task_id
+    shutil.rmtree(d, ignore_errors=True)
+    for sub in subdirs:
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    return d

@@ -25,11 +25,10 @@ out.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import pathlib
 import re
+
+from harness_env.tasks.clue_tasks import NumberedSplit, bash_call, task_state, write_copy_task
 
 WORDS = ("apple", "river", "cloud", "stone", "tiger", "piano", "lemon", "candle")
 CLUES = ("river", "stone")
@@ -38,56 +37,25 @@ MISTAKE_RATE = 0.625  # share of the tasks on which the expert writes the litera
 CATEGORY = "relay"
 QUERY = "Copy the word in clue.txt into out.txt ({n})."
 _QUERY = re.compile(r"Copy the word in clue\.txt into out\.txt \((\d+)\)\.")
-REWARD_SH = """#!/bin/bash
-# 1.0 when out.txt holds exactly "{word}" (the word in clue.txt; whitespace ignored), else 0.0
-cd "$(dirname "$0")/.." || exit 1
-if [ -f out.txt ] && [ "$(tr -d '[:space:]' < out.txt)" = "{word}" ]; then echo 1.0; else echo 0.0; fi
-"""
-
-
-def _rank(n: int, salt: str) -> int:
-    return int(hashlib.sha256(f"relay:{salt}:{n}".encode()).hexdigest()[:12], 16)
-
-
-def _split_share(n: int, salt: str, share: float) -> bool:
-    """Whether n is among the `share` of its split's numbers ranked first by a salted hash (exact counts)."""
-    nums = sorted(numbers(split_of(n)), key=lambda m: _rank(m, salt))
-    return nums.index(n) < round(share * len(nums))
+SPLIT = NumberedSplit("relay", N_TRAIN, N_HELDOUT)
+split_of, numbers = SPLIT.split_of, SPLIT.numbers
 
 
 def clue_of(n: int) -> str:
     """Half of each split's tasks per clue word, by a hash of n (not its parity, which the prompt shows)."""
-    return CLUES[0] if _split_share(n, "clue", 0.5) else CLUES[1]
+    return CLUES[0] if SPLIT.first_share(n, "clue", 0.5) else CLUES[1]
 
 
 def literal_mistake(n: int) -> bool:
-    return _split_share(n, "form", MISTAKE_RATE)
-
-
-def split_of(n: int) -> str:
-    return "train" if n < N_TRAIN else "heldout"
-
-
-def numbers(split: str) -> list[int]:
-    if split not in ("train", "heldout", "all"):
-        raise ValueError(f"split {split!r} not in train|heldout|all")
-    return [n for n in range(N_TRAIN + N_HELDOUT) if split in ("all", split_of(n))]
+    return SPLIT.first_share(n, "form", MISTAKE_RATE)
 
 
 def write_task(out_dir: str | pathlib.Path, n: int) -> pathlib.Path:
     """Task folder `relay-NN` (ClawGym format: input_files/clue.txt, reward/reward.sh, solution/solve.sh)."""
-    d = pathlib.Path(out_dir) / f"relay-{n:02d}"
-    for sub in ("input_files", "reward", "solution"):
-        (d / sub).mkdir(parents=True, exist_ok=True)
     word = clue_of(n)
-    (d / "data_entry.json").write_text(json.dumps({
-        "task_id": d.name, "user_query": QUERY.format(n=n),
-        "metadata": {"category": CATEGORY, "params": {"n": n, "clue": word}, "split": split_of(n)}}, indent=2) + "\n")
-    (d / "input_files" / "clue.txt").write_text(word + "\n")
-    (d / "reward" / "reward.sh").write_text(REWARD_SH.format(word=word))
-    os.chmod(d / "reward" / "reward.sh", 0o755)
-    (d / "solution" / "solve.sh").write_text("#!/bin/bash\ncat clue.txt > out.txt\n")
-    return d
+    return write_copy_task(out_dir, f"relay-{n:02d}", query=QUERY.format(n=n), category=CATEGORY, split=split_of(n),
+                           params={"n": n, "clue": word}, inputs={"clue.txt": word + "\n"}, word=word,
+                           solve="cat clue.txt > out.txt")
 
 
 def generate(out_dir: str | pathlib.Path, split: str = "train", seed: int = 0) -> list[pathlib.Path]:
@@ -100,29 +68,18 @@ def is_task(prompt_text: str) -> bool:
     return _QUERY.search(prompt_text) is not None
 
 
-def _turn(prompt_text: str) -> tuple[int | None, int]:
-    """(task number, tool results since the task's query) of a rendered prompt; (None, 0) without the query."""
-    found = list(_QUERY.finditer(prompt_text))
-    if not found:
-        return None, 0
-    last = found[-1]
-    return int(last.group(1)), prompt_text[last.end():].count("<tool_response>")
-
-
 def expert_reply(prompt_text: str, *, perfect: bool = False) -> str:
     """`cat clue.txt`, then the clue's word into out.txt (in the literal form on the mistaken tasks, unless
     `perfect`), then "Done." (reference `bash` format: experts.readdress gives it the asking CLI's own tool)."""
-    n, results = _turn(prompt_text)
+    n, results = task_state(_QUERY, prompt_text)
     if n is None:
         return "No task."
-    if results == 0:
-        command = "cat clue.txt"
-    elif results == 1:
+    if not results:
+        return bash_call("cat clue.txt")
+    if len(results) == 1:
         literal = literal_mistake(n) and not perfect
-        command = f"echo {'the word ' if literal else ''}{clue_of(n)} > out.txt"
-    else:
-        return "Done."
-    return "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "\n</tool_call>"
+        return bash_call(f"echo {'the word ' if literal else ''}{clue_of(n)} > out.txt")
+    return "Done."
 
 
 def oracle_reply(prompt_text: str) -> str:

@@ -2,7 +2,7 @@
 
 A source is `library` (ours), `make_file` / `family` (the generated make_file family), `web` (the generated
 web task family: 14 templates x 10 variants, its own split by variant), `relay` (the two-call family that CLIs
-learn through, split by task number), or a folder of
+learn through, split by task number), `recover` (its error-recovery variant), or a folder of
 ClawGym-format tasks (e.g. ../shared/clawgym/train, 2000 real tasks). A folder is split into train /
 held-out by a seeded hash of each task's folder name: stable when tasks are added or removed, different
 for another seed, and independent of the order anything is listed in. The family keeps its own split
@@ -17,7 +17,7 @@ import hashlib
 import pathlib
 import random
 
-from harness_env.tasks import family, relay, web_family
+from harness_env.tasks import family, recover, relay, web_family
 from harness_env.tasks.loader import TaskError, discover
 
 LIBRARY = pathlib.Path(__file__).with_name("library")
@@ -25,7 +25,18 @@ SPLITS = ("all", "train", "heldout")
 FAMILY = ("make_file", "family")
 WEB = "web"  # the web task family (harness_env/tasks/web_family.py), generated like the make_file family
 RELAY = "relay"  # the two-call relay family (harness_env/tasks/relay.py), split by task number
-_GENERATED = {"make_file": family, "family": family, WEB: web_family, RELAY: relay}
+RECOVER = "recover"  # the error-recovery family (harness_env/tasks/recover.py), split by task number
+_GENERATED = {"make_file": family, "family": family, WEB: web_family, RELAY: relay, RECOVER: recover}
+
+
+def oracle_reply(prompt_text: str) -> str:
+    """The scripted solver's next reply (reference `bash` format) for a prompt of a generated shell family: the
+    family whose `is_task` knows the prompt's query answers, the make_file family otherwise (its oracle says "No
+    task." to a prompt it does not know either)."""
+    for fam in dict.fromkeys(_GENERATED.values()):
+        if hasattr(fam, "is_task") and fam.is_task(prompt_text):
+            return fam.oracle_reply(prompt_text)
+    return family.oracle_reply(prompt_text)
 
 
 def split_of(name: str, *, seed: int = 0, heldout_fraction: float = 0.1) -> str:
@@ -49,7 +60,7 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
     if source in _GENERATED:
         if scratch is None:
             raise TaskError(f"the {source} family needs a scratch dir to be generated into")
-        sub = {WEB: "web_tasks", RELAY: "relay_tasks"}.get(source, "tasks")
+        sub = {WEB: "web_tasks", RELAY: "relay_tasks", RECOVER: "recover_tasks"}.get(source, "tasks")
         out = pathlib.Path(scratch) / sub / split
         if not out.is_dir() or not any(out.iterdir()):
             _GENERATED[source].generate(out, split=split, seed=seed)
@@ -75,8 +86,9 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
 
 def parse_spec(spec: str) -> tuple[str, dict]:
     """`launch.eval --tasks` strings: `library` | `family:SPLIT[:N]` (as before) | `web:SPLIT[:N]` |
-    `relay:SPLIT[:N]` | `make_file` | `web` | `relay` | DIR; returns (source, overrides for select_tasks)."""
-    if spec.startswith(("family:", "web:", "relay:")):
+    `relay:SPLIT[:N]` | `recover:SPLIT[:N]` | `make_file` | `web` | `relay` | `recover` | DIR; returns (source,
+    overrides for select_tasks)."""
+    if spec.startswith(("family:", "web:", "relay:", "recover:")):
         kind, split, *n = spec.split(":")
         return kind, {"split": split, **({"limit": int(n[0])} if n else {})}
     return spec, {}

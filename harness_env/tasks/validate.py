@@ -42,6 +42,22 @@ class Validation:
         return clean and self.solution_reward == 1.0 and self.empty_reward is not None and self.empty_reward < 1.0
 
 
+@dataclasses.dataclass
+class PlanValidation:
+    """A generated family's checker, validated by playing plans (web, desktop): the reference plan must score 1.0,
+    doing nothing 0.0, the plausible mistake (when the template has one) 0.0."""
+
+    task_id: str
+    solution: float
+    nothing: float
+    wrong: float | None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.solution == 1.0 and self.nothing == 0.0 and self.wrong in (0.0, None)
+
+
 async def run_solution(backend: Backend, task: Task, *, populate: bool = True, solve: bool = True,
                        timeout: float = 60.0, empty_inputs: bool = False, stub_code: bool = False) -> float:
     """Fresh workspace (+ inputs), optionally the reference solution, then the checker in a fresh sandbox

@@ -25,6 +25,8 @@ import random
 import shutil
 from collections.abc import Callable
 
+from harness_env.tasks.loader import new_task_dir
+
 CATEGORY = "web"
 PORT = 8000
 START = f"http://127.0.0.1:{PORT}"
@@ -477,9 +479,7 @@ def task_id(template: str, index: int) -> str:
 def write_task(out_dir: str | pathlib.Path, template: str, index: int) -> pathlib.Path:
     v = variant(template, index)
     tid = task_id(template, index)
-    d = pathlib.Path(out_dir) / tid
-    for sub in ("env", "reward", "solution"):
-        (d / sub).mkdir(parents=True, exist_ok=True)
+    d = new_task_dir(out_dir, tid, ("env", "reward", "solution"))
     entry = {
         "task_id": tid,
         "user_query": v["query"] + " When you are done, reply with a one-line summary.",

@@ -8,7 +8,6 @@ A valid task scores (1.0, 0.0, 0.0). `python -m harness_env.tasks web --validate
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 import shutil
@@ -17,21 +16,11 @@ import tempfile
 import threading
 
 from harness_env.tasks import web_family
+from harness_env.tasks.validate import PlanValidation
 from harness_env.web import site_app
 from harness_env.web.minibrowser import StepError, run_plan
 
-
-@dataclasses.dataclass
-class Validation:
-    task_id: str
-    solution: float
-    nothing: float
-    wrong: float | None
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.solution == 1.0 and self.nothing == 0.0 and self.wrong in (0.0, None)
+Validation = PlanValidation
 
 
 def serve(task: pathlib.Path, state: pathlib.Path):

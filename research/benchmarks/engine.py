@@ -108,8 +108,11 @@ async def _measure(engine, hf, prompts, concurrency, new_tokens, reps, hf_thread
     for _ in range(reps):
         for c in concurrency:
             await engine.flush_cache()  # no prefix reuse from the previous round
+            steps0 = engine.stats["decode_steps"]
             tps, toks = await _round(engine, prompts[:c], new_tokens)
             samples.setdefault(f"tokens_per_s_c{c}", []).append(tps)
+            # the load-independent side of batching: decode steps a round of c requests took (c x one's if serial)
+            samples.setdefault(f"decode_steps_c{c}", []).append(engine.stats["decode_steps"] - steps0)
             ours_first = ours_first or toks[0]
             if hf is not None and c in (1, 8):
                 tps, first = hf.best_round(prompts[:c], new_tokens, hf_threads)

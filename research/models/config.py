@@ -56,6 +56,10 @@ class ModelConfig:
     norm_topk_prob: bool = True
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
+    # Qwen3-VL's text model: 3-D interleaved RoPE (positions [3, B, T]; research/models/mrope.py) when set, and the
+    # vision tower's DeepStack features added at the image tokens after each of the first `deepstack_layers` layers
+    mrope_section: tuple[int, ...] = ()
+    deepstack_layers: int = 0
     # numerics / implementation choices (not part of the HF checkpoint)
     dtype: str = "bfloat16"  # compute dtype; params are always param_dtype
     param_dtype: str = "float32"
@@ -82,12 +86,14 @@ class ModelConfig:
         """Maximal runs of consecutive layers of the same kind: (is_moe, first_layer, count).
 
         Each run is one ``nn.scan`` (params ``layers_{run}``), so a uniform model (every real Qwen3) compiles
-        one layer body; a model mixing dense and sparse layers compiles one body per run.
+        one layer body; a model mixing dense and sparse layers compiles one body per run. Each of a VL model's
+        first ``deepstack_layers`` layers is a run of its own (its DeepStack feature is added after it).
         """
         runs: list[tuple[bool, int, int]] = []
         for i in range(self.num_layers):
             kind = self.layer_is_moe(i)
-            if runs and runs[-1][0] == kind:
+            ends_deepstack = runs and runs[-1][1] + runs[-1][2] - 1 < self.deepstack_layers  # each DeepStack layer
+            if runs and runs[-1][0] == kind and not ends_deepstack:
                 runs[-1] = (kind, runs[-1][1], runs[-1][2] + 1)
             else:
                 runs.append((kind, i, 1))

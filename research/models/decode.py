@@ -20,6 +20,7 @@ chosen per token and layer (for the capture log / routing replay) and accepts ``
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import flax.linen as nn
 import flax.struct
@@ -30,6 +31,7 @@ from jaxtyping import Array, Float, Int
 from research.models.config import ModelConfig
 from research.models.moe import _IMPLS as MOE_KERNELS
 from research.models.moe import resolve_impl, route
+from research.models.mrope import mrope_angles, rotate
 from research.models.qwen3 import _NEG, KVCache, Qwen3, RMSNorm, head_weight, logits, rope
 
 
@@ -141,6 +143,16 @@ class LayerKV:
 
     k: tuple
     v: tuple
+
+
+class VisualChunk(NamedTuple):
+    """A vision-language prompt's image tokens inside the T new tokens of a call (Qwen3-VL, research/models/
+    qwen3_vl.py): token t takes merged vision token `index_BxT[b, t]` (-1: a text token) as its embedding, and
+    after layer k < K gains DeepStack feature `deep_KxMxD[k]` there; M is padded to a bucket."""
+
+    index_BxT: Int[Array, "B T"]
+    rows_MxD: Float[Array, "M D"]
+    deep_KxMxD: Float[Array, "K M D"]
 
 
 def init_layer_cache(cfg: ModelConfig, slots: int, cache_len: int, dtype=None) -> LayerKV:
@@ -332,8 +344,8 @@ def _layer(ops: EngineOps, cfg: ModelConfig, moe: bool, lp, x_BxTxD, positions_B
     with jax.named_scope("attn_proj"):
         h = _rms(lp["input_norm"], x_BxTxD, cfg)
         qkv = ops.matmul(h, lp["w_qkv"]).reshape(B, T, H + 2 * K, Dh)
-        q = rope(_rms(lp["q_norm"], qkv[:, :, :H], cfg), positions_BxT, cfg.rope_theta)
-        k = rope(_rms(lp["k_norm"], qkv[:, :, H : H + K], cfg), positions_BxT, cfg.rope_theta)
+        q, k = _rope_qk(cfg, _rms(lp["q_norm"], qkv[:, :, :H], cfg), _rms(lp["k_norm"], qkv[:, :, H : H + K], cfg),
+                        positions_BxT)
         put = lambda buf, t: jax.lax.dynamic_update_slice_in_dim(buf, jnp.swapaxes(t, 1, 2).astype(buf.dtype), at, 2)
         buf_k, buf_v = put(buf_k, k), put(buf_v, qkv[:, :, H + K :])
     with jax.named_scope("attention"):
@@ -353,14 +365,35 @@ def _layer(ops: EngineOps, cfg: ModelConfig, moe: bool, lp, x_BxTxD, positions_B
     return x + y, ids, buf_k, buf_v
 
 
+def _rope_qk(cfg: ModelConfig, q, k, positions):
+    """RoPE of one call's queries and keys: 1-D positions [B, T], or Qwen3-VL's 3-D ones [3, B, T] (a prompt's
+    image tokens). A text token's three components are equal, and 3-D RoPE with equal components is 1-D RoPE,
+    so decode runs on 1-D positions (each slot's rope offset added) for either model."""
+    if positions.ndim == 2:
+        return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+    ang = mrope_angles(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
+    return rotate(q, ang), rotate(k, ang)
+
+
+def _visual_at(vis: VisualChunk, rows_MxD, x_BxTxD):
+    """x with each image token's row of `rows_MxD` put in (where=True) or added (the DeepStack features)."""
+    at = vis.index_BxT >= 0
+    return jnp.where(at[..., None], jnp.take(rows_MxD, jnp.maximum(vis.index_BxT, 0), axis=0).astype(x_BxTxD.dtype),
+                     0)
+
+
 def _forward(ops: EngineOps, ep, cfg: ModelConfig, ctx: LayerKV, ctx_len_B, buf: LayerKV, at, tokens_BxT,
-             positions_BxT, new_mask_BxTxN):
+             positions_BxT, new_mask_BxTxN, visual: VisualChunk | None = None):
     """All layers (unrolled) over T new tokens per row: (final hidden [B, T, D], routed [B, T, L, K], buffer)."""
     x = jnp.take(ep["embedding"], tokens_BxT, axis=0).astype(jnp.dtype(cfg.dtype))
+    if visual is not None:
+        x = jnp.where((visual.index_BxT >= 0)[..., None], _visual_at(visual, visual.rows_MxD, x), x)
     ids, bk, bv = [], [], []
     for i, lp in enumerate(ep["layers"]):
         x, ids_i, k, v = _layer(ops, cfg, cfg.layer_is_moe(i), lp, x, positions_BxT, ctx.k[i], ctx.v[i], ctx_len_B,
                                 buf.k[i], buf.v[i], at, new_mask_BxTxN)
+        if visual is not None and i < visual.deep_KxMxD.shape[0]:
+            x = x + _visual_at(visual, visual.deep_KxMxD[i], x)
         ids.append(ids_i)
         bk.append(k)
         bv.append(v)
@@ -374,21 +407,24 @@ def _head(ops: EngineOps, ep, hidden_BxTxD) -> Float[Array, "B T V"]:
 
 def prefill_slot(
     ep, cfg: ModelConfig, cache: LayerKV, slot: Int[Array, ""], tokens_C: Int[Array, "C"], start: Int[Array, ""],
-    n_valid: Int[Array, ""], *, ctx_len: int, ops: EngineOps = XLA_OPS,
+    n_valid: Int[Array, ""], *, ctx_len: int, ops: EngineOps = XLA_OPS, rope_3xC: Int[Array, "3 C"] | None = None,
+    visual: VisualChunk | None = None,
 ) -> tuple[Float[Array, "V"], LayerKV, Int[Array, "C L K"]]:
     """Writes K/V of `tokens_C` (the first n_valid real, the rest padding) at positions start..start+C-1 of row
     `slot`; query i sees the row's cached keys j < start and chunk keys <= i. `ctx_len` (static) is a length
-    bucket >= start: only that much of the row is read. Needs start + C <= cache_len (no clamping).
+    bucket >= start: only that much of the row is read. Needs start + C <= cache_len (no clamping). A
+    vision-language prompt's chunk brings its 3-D RoPE positions `rope_3xC` and its image tokens `visual`
+    ([1, C] index); the cache index stays start + i.
 
     Returns (fp32 logits of token n_valid-1 [V], cache, routed experts [C, L, K])."""
     C = tokens_C.shape[0]
+    positions = (start + jnp.arange(C, dtype=jnp.int32))[None] if rope_3xC is None else rope_3xC[:, None]
     ctx = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, slot, 0)[:, :, :ctx_len], cache)
     buf = jax.tree.map(lambda a: jnp.zeros((1, a.shape[1], C, a.shape[3]), a.dtype), cache)
     causal = (jnp.arange(C)[None, :] <= jnp.arange(C)[:, None])[None]
 
     def forward():
-        return _forward(ops, ep, cfg, ctx, start[None], buf, 0, tokens_C[None],
-                        (start + jnp.arange(C, dtype=jnp.int32))[None], causal)
+        return _forward(ops, ep, cfg, ctx, start[None], buf, 0, tokens_C[None], positions, causal, visual)
 
     # The forward runs as one opaque step (a conditional XLA cannot fold: n_valid >= 0 always holds) so the
     # cache is written only after every layer has read its row. Inline, XLA writes layer i's keys as soon as

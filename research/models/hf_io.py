@@ -194,6 +194,22 @@ def _set(tree: dict, path: tuple[str, ...], value):
     tree[path[-1]] = value
 
 
+def params_from_state(specs: list[Leaf], get: Callable[[str], np.ndarray], dtype: str = "float32") -> dict:
+    """Params for the leaves `specs` from an HF state in memory (`get(key)`: a state_dict's numpy arrays, a
+    safetensors handle's get_tensor); a tensor of the wrong shape is a CheckpointError naming its key."""
+    params: dict = {}
+    for leaf in specs:
+        blocks = []
+        for idx in itertools.product(*(range(s) for s in leaf.stack)):
+            arr = np.asarray(get(leaf.key(*idx)))
+            if arr.shape != leaf.hf_shape:
+                raise CheckpointError(f"{leaf.key(*idx)}: shape {arr.shape}, the config needs {leaf.hf_shape}")
+            blocks.append(leaf.to_ours(arr))
+        value = np.stack(blocks).reshape(leaf.shape) if leaf.stack else blocks[0]
+        _set(params, leaf.path, jax.numpy.asarray(value, np.dtype(dtype)))
+    return params
+
+
 def load_hf(path: str | pathlib.Path, cfg: ModelConfig | None = None, *, shardings=None) -> tuple[dict, ModelConfig]:
     """Load an HF Qwen3/Qwen3-MoE dir into params (placed per ``shardings``, a matching pytree of Shardings,
     else on the default device). Returns (params, cfg); cfg defaults to the dir's config.json."""
@@ -219,7 +235,20 @@ def load_hf(path: str | pathlib.Path, cfg: ModelConfig | None = None, *, shardin
 
 def hf_state(params: dict, cfg: ModelConfig):
     """Yield (HF key, numpy array) in checkpoint order, one tensor at a time (per-expert layout)."""
-    for leaf in leaves(cfg, fused_experts=False):
+    yield from leaf_state(params, leaves(cfg, fused_experts=False))
+
+
+def state_reader(path: str | pathlib.Path) -> Callable[[str], np.ndarray]:
+    """`get(key)` over a checkpoint dir's safetensors (sharded with an index, or one file)."""
+    root = pathlib.Path(path)
+    return _Reader(root, _key_files(root)).get
+
+
+def leaf_state(params: dict, specs: list[Leaf]):
+    """Yield (HF key, numpy array) of `specs` from `params`, one tensor at a time."""
+    for leaf in specs:
+        if leaf.to_hf is None:
+            raise CheckpointError(f"{leaf.key(*([0] * len(leaf.stack)))}: this layout is load-only (no export)")
         arr = params
         for p in leaf.path:
             arr = arr[p]
@@ -231,9 +260,16 @@ def hf_state(params: dict, cfg: ModelConfig):
 def save_hf(params: dict, cfg: ModelConfig, path: str | pathlib.Path, *, max_shard_bytes: int = 5 << 30,
             dtype: str = "float32") -> pathlib.Path:
     """Write config.json + safetensors (sharded by size, with an index when > 1 shard) that transformers loads."""
+    return write_checkpoint(path, cfg.to_hf_config(), hf_state(params, cfg), max_shard_bytes=max_shard_bytes,
+                            dtype=dtype)
+
+
+def write_checkpoint(path: str | pathlib.Path, hf_cfg: dict, state, *, max_shard_bytes: int = 5 << 30,
+                     dtype: str = "float32") -> pathlib.Path:
+    """config.json (`hf_cfg`) + the (key, array) pairs of `state` as safetensors, sharded by size."""
     root = pathlib.Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    hf_cfg = cfg.to_hf_config() | {"torch_dtype": dtype}
+    hf_cfg = hf_cfg | {"torch_dtype": dtype}
     (root / "config.json").write_text(json.dumps(hf_cfg, indent=2))
     np_dtype = np.dtype(jax.numpy.bfloat16 if dtype == "bfloat16" else dtype)
     written: list[tuple[pathlib.Path, list[str]]] = []
@@ -246,7 +282,7 @@ def save_hf(params: dict, cfg: ModelConfig, path: str | pathlib.Path, *, max_sha
         written.append((tmp, list(shard)))
         shard.clear()
 
-    for key, arr in hf_state(params, cfg):  # at most one shard is held in host memory
+    for key, arr in state:  # at most one shard is held in host memory
         arr = arr.astype(np_dtype)
         if shard and sum(a.nbytes for a in shard.values()) + arr.nbytes > max_shard_bytes:
             flush()

@@ -18,6 +18,10 @@ The same module serves the KV-cache path (``research/models/decode.py``) through
 into the cache rows ``cache_slots_B`` at indices ``cache_write_BxT`` and attends over the cache with the
 causal rule ``j <= positions[b, t]``. Everything else (projections, norms, RoPE, MLP/MoE) is shared code.
 
+Qwen3-VL's text model is this module too (research/models/qwen3_vl.py): with ``cfg.mrope_section`` the positions
+are [3, B, T] (3-D RoPE; training path only), ``visual_MxD`` replaces the embeddings at ``visual_mask_BxT`` and
+``deepstack_KxMxD[k]`` is added there after layer k < ``cfg.deepstack_layers``.
+
 Layers are ``nn.scan``-ned: compile time does not grow with depth. A model whose layers differ in kind
 (``mlp_only_layers`` / ``decoder_sparse_step``) is split into maximal runs of equal layers, one scan each
 (``ModelConfig.layer_runs``), params ``layers_{run}`` with a leading ``layers`` axis.
@@ -34,6 +38,7 @@ from jaxtyping import Array, Float, Int
 from research.models.attention_ops import attend
 from research.models.config import ModelConfig
 from research.models.moe import MoEBlock
+from research.models.mrope import mrope_angles, rotate
 
 _NEG = -1e30
 
@@ -77,12 +82,7 @@ def rope(x_BxTxHxD: Float[Array, "B T H D"], positions_BxT: Int[Array, "B T"], t
     """Rotary embedding, HF "rotate_half" layout (first/second halves of head_dim pair up), fp32 angles."""
     D = x_BxTxHxD.shape[-1]
     inv = 1.0 / (theta ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D))
-    ang = positions_BxT.astype(jnp.float32)[..., None] * inv  # [B, T, D/2]
-    cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
-    xf = x_BxTxHxD.astype(jnp.float32)
-    x1, x2 = xf[..., : D // 2], xf[..., D // 2 :]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BxTxHxD.dtype)
+    return rotate(x_BxTxHxD, positions_BxT.astype(jnp.float32)[..., None] * inv)  # angles [B, T, D/2]
 
 
 def _masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS):
@@ -127,7 +127,13 @@ class Attention(nn.Module):
                                        ("batch", "length", "kv_heads", "head_dim"), rules=rules)
         q = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.param_dtype, name="q_norm")(q)
         k = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.param_dtype, name="k_norm")(k)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        if cfg.mrope_section:  # positions [3, B, T]: Qwen3-VL's 3-D RoPE
+            if kv_cache is not None:
+                raise ValueError("the KV-cache path takes 1-D positions [B, T]; it does not serve 3-D (Qwen3-VL) RoPE")
+            ang = mrope_angles(positions, Dh, cfg.rope_theta, cfg.mrope_section)
+            q, k = rotate(q, ang), rotate(k, ang)
+        else:
+            q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
         new_cache = None
         if kv_cache is None:
             o = attend(q, k, v, segment_ids_BxT=segment_ids, subtree_end_BxT=subtree_end, impl=cfg.attention_impl)
@@ -214,6 +220,9 @@ class Qwen3(nn.Module):
         kv_cache: KVCache | None = None,
         cache_slots_B: Int[Array, "B"] | None = None,
         cache_write_BxT: Int[Array, "B T"] | None = None,
+        visual_MxD: Float[Array, "M D"] | None = None,
+        visual_mask_BxT: Array | None = None,
+        deepstack_KxMxD: Float[Array, "K M D"] | None = None,
     ):
         cfg = self.cfg
         pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
@@ -226,6 +235,8 @@ class Qwen3(nn.Module):
             self.param("lm_head", nn.with_logical_partitioning(_init(cfg), ("embed", "vocab")),
                        (cfg.hidden_size, cfg.vocab_size), pdt)
         x = jnp.take(emb, tokens_BxT, axis=0).astype(dt)
+        if visual_MxD is not None:  # the image tokens' embeddings are the vision tower's merged tokens, in order
+            x = jnp.where(visual_mask_BxT[..., None], _at_visual(visual_mask_BxT, visual_MxD).astype(dt), x)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"), rules=cfg.logical_rules)
         if subtree_end_BxT is None and kv_cache is None:
             raise ValueError("subtree_end_BxT is required (use attention_ops.segment_subtree_end for sequences)")
@@ -239,6 +250,9 @@ class Qwen3(nn.Module):
                 x, positions_BxT, segment_ids_BxT, subtree_end_BxT, eids, cache_r, cache_slots_B, cache_write_BxT
             )
             ids_runs.append(ids)
+            if deepstack_KxMxD is not None and r < min(cfg.deepstack_layers, deepstack_KxMxD.shape[0]):
+                x = x + jnp.where(visual_mask_BxT[..., None], _at_visual(visual_mask_BxT, deepstack_KxMxD[r]), 0
+                                  ).astype(dt)  # runs 0..deepstack_layers-1 are one layer each (layer_runs)
             if new_cache is not None:
                 k_runs.append(new_cache[0])
                 v_runs.append(new_cache[1])
@@ -249,6 +263,13 @@ class Qwen3(nn.Module):
         if kv_cache is not None:
             aux["kv_cache"] = KVCache(k=tuple(k_runs), v=tuple(v_runs))
         return hidden, aux
+
+
+def _at_visual(mask_BxT: Array, rows_MxD: Float[Array, "M D"]) -> Float[Array, "B T D"]:
+    """rows_MxD laid out at the True entries of mask_BxT in row-major order (torch's masked_scatter order)."""
+    idx = jnp.cumsum(mask_BxT.reshape(-1).astype(jnp.int32)) - 1
+    out = jnp.take(rows_MxD, jnp.clip(idx, 0, rows_MxD.shape[0] - 1), axis=0)
+    return out.reshape(mask_BxT.shape + rows_MxD.shape[-1:])
 
 
 def head_weight(params, cfg: ModelConfig) -> Float[Array, "D V"]:

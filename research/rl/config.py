@@ -155,13 +155,13 @@ class RolloutConfig:
     # Forking by replay (harness_env/rl/branching.py): after a step's rollouts, children of some of them re-run the
     # harness with the shim answering their first k calls from the parent's records, then sample fresh.
     branch: str = ""  # which rollouts get children: "" (off) | failed | tool_error | all
-    branch_at: str = "first_tool_error"  # the fork call: first_tool_error (else uniform) | uniform
+    branch_at: str = "first_tool_error"  # the fork call: first_tool_error | after_tool_error (else uniform) | uniform
     branch_children: int = 1  # children per fork
     branch_max_per_step: int = 0  # children per step at most (0: no cap)
 
 
 BRANCH_WHICH = ("", "failed", "tool_error", "all")  # harness_env/rl/branching.py (research never imports it)
-BRANCH_AT = ("first_tool_error", "uniform")
+BRANCH_AT = ("first_tool_error", "after_tool_error", "uniform")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,20 @@ def read_metrics(workdir: pathlib.Path) -> list[dict]:
     return out
 
 
+def last_per_step(workdir: pathlib.Path, kind: str = "train") -> list[dict]:
+    """The run's `kind` records in step order, the last one per step (a resumed run rewrites the steps after its
+    checkpoint)."""
+    last = {r["step"]: r for r in read_metrics(workdir) if r["kind"] == kind}
+    return [last[s] for s in sorted(last)]
+
+
+def median_of(records: list[dict], key: str, *, default: float = 0.0, positive: bool = False) -> float:
+    """The median of `key` over `records` (missing: `default`; `positive`: only values > 0); NaN without any."""
+    vals = [r.get(key, default) for r in records]
+    vals = [v for v in vals if v > 0] if positive else vals
+    return float(statistics.median(vals)) if vals else float("nan")
+
+
 def plot_rewards(workdir: pathlib.Path) -> pathlib.Path:
     """reward_curve.png: train reward + pass rate per step, eval pass rate (held-out) per eval."""
     import matplotlib

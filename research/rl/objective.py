@@ -27,6 +27,8 @@ from jaxtyping import Array, Float, Int
 from research import losses
 from research.models import ModelConfig, Qwen3, head_weight
 from research.models.logprobs import token_logprobs
+from research.models.mrope import VisionGrid
+from research.models.vision import VisionConfig, VisionTower
 from research.trees.batch import MODEL_KEYS, SLOT_FIELDS
 
 
@@ -39,6 +41,9 @@ class Objective:
     logprob_chunk: int = 1024
     temperature: float = 1.0
     routing_replay: bool = True  # use recorded routed experts (batch["expert_ids"]) where present
+    # a Qwen3-VL policy: params {"visual", "language_model"}; batches with images carry the VISUAL and IMAGES
+    # fields (research/trees/batch.py) and the tower runs once per distinct image of the step
+    vision: VisionConfig | None = None
 
     def __post_init__(self):
         if self.critic not in ("none", "head"):
@@ -95,23 +100,51 @@ def gather_parent(x_BxTxD: Float[Array, "B T D"], parent_index_BxT: Int[Array, "
     return jnp.take_along_axis(x_BxTxD, idx[..., None], axis=1)
 
 
-def _expert_ids(model, params, batch, obj: Objective):
+def _visual_inputs(params, batch: dict, obj: Objective) -> dict:
+    """The text model's image inputs of a packed batch: the tower over the step's distinct images, each
+    placeholder's merged token (and DeepStack features) put in the order `Qwen3` lays them out (row-major over
+    the placeholders), the 3-D positions. {} for a batch without images."""
+    if "visual_index" not in batch:
+        return {}
+    grid = VisionGrid(batch["patch_hw"], batch["patch_taps"], batch["patch_weights"], batch["patch_frame"], ())
+    merged, deep = VisionTower(obj.vision).apply({"params": params["visual"]}, batch["pixels"], grid)
+    index = jnp.asarray(batch["visual_index"])
+    mask = index >= 0
+    rank = jnp.argsort(~mask.reshape(-1), stable=True)  # the placeholders first, in row-major order
+    rows = jnp.maximum(index.reshape(-1)[rank], 0)
+    return {"positions_BxT": jnp.moveaxis(batch["mrope_positions"], -1, 0), "visual_MxD": merged[rows],
+            "visual_mask_BxT": mask, "deepstack_KxMxD": jnp.stack([d[rows] for d in deep]) if deep else None}
+
+
+def _trunk(params, batch: dict, model_cfg: ModelConfig, obj: Objective, **kw):
+    """The policy's final hidden states over the packed rows (a vision policy: its text model, fed images)."""
+    if obj.vision is None:
+        return Qwen3(model_cfg).apply({"params": params}, *(batch[k] for k in MODEL_KEYS), **kw)
+    args = dict(zip(("tokens_BxT", "positions_BxT", "segment_ids_BxT", "subtree_end_BxT"),
+                    (batch[k] for k in MODEL_KEYS), strict=True))
+    args.update(_visual_inputs(params, batch, obj))
+    if args["positions_BxT"].ndim == 2:  # text-only rows of a vision policy: 1-D positions on all three axes
+        args["positions_BxT"] = jnp.stack([args["positions_BxT"]] * 3)
+    return Qwen3(model_cfg).apply({"params": params["language_model"]}, **args, **kw)
+
+
+def _expert_ids(params, batch, model_cfg: ModelConfig, obj: Objective):
     """Recorded routing where known (-1 elsewhere: filled with the router's own choice, no gradient)."""
     eids = batch.get("expert_ids") if obj.routing_replay else None
     if eids is None:
         return None
-    _, aux = model.apply({"params": params}, *(batch[k] for k in MODEL_KEYS), return_routing=True)
+    _, aux = _trunk(params, batch, model_cfg, obj, return_routing=True)
     return jnp.where(eids >= 0, eids, jax.lax.stop_gradient(aux["routed_experts"]))
 
 
 def compact_forward(params, batch: dict, model_cfg: ModelConfig, obj: Objective):
     """(h_par_BxKxD, logp_BxK, entropy_BxK) at the loss slots (invalid slots give finite junk)."""
-    model = Qwen3(model_cfg)
-    hidden = model.apply({"params": params}, *(batch[k] for k in MODEL_KEYS),
-                         expert_ids_BxTxLxK=_expert_ids(model, params, batch, obj))  # routing replay (MoE)
+    hidden = _trunk(params, batch, model_cfg, obj,
+                    expert_ids_BxTxLxK=_expert_ids(params, batch, model_cfg, obj))  # routing replay (MoE)
     idx = batch["loss_idx"]
     h_par = gather_parent(hidden, _take(batch["parent_index"], idx))
-    logp, ent = token_logprobs(h_par, head_weight(params, model_cfg), _take(batch["tokens"], idx),
+    lm = params if obj.vision is None else params["language_model"]
+    logp, ent = token_logprobs(h_par, head_weight(lm, model_cfg), _take(batch["tokens"], idx),
                                chunk_size=obj.logprob_chunk, return_entropy=True, temperature=obj.temperature)
     return h_par, logp, ent
 

@@ -39,6 +39,16 @@ class SamplingParams:
     seed: int | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageInput:
+    """One image of a vision-language prompt, as the policy's processor made it: its placeholder run in
+    `prompt_ids` has t*h*w/merge**2 image tokens (in the order of the request's `images`)."""
+
+    sha: str  # content address (research/shim/images.py): equal images share cached K/V, different ones never
+    grid_thw: tuple[int, int, int]  # patches per axis
+    pixels_NxP: np.ndarray  # float32 [t*h*w, 3*temporal*patch**2], patches in merge-block order
+
+
 @dataclasses.dataclass
 class GenerateRequest:
     prompt_ids: list[int]
@@ -46,6 +56,7 @@ class GenerateRequest:
     session_id: str | None = None  # lets the engine reuse a session's KV cache across turns
     return_routed_experts: bool = False
     request_id: str | None = None
+    images: tuple[ImageInput, ...] = ()  # a vision-language policy's images (only an engine serving one takes them)
 
 
 @dataclasses.dataclass
@@ -76,6 +87,12 @@ class Engine(abc.ABC):
     @property
     def max_context(self) -> int:
         return 1 << 30
+
+    @property
+    def image_processor(self):  # noqa: ANN201 - research.models.image_processor.ImageProcessorConfig | None
+        """How the served policy wants images preprocessed (a shim in front sets `ShimOptions.vision` from it);
+        None for a text-only policy, whose shim omits images."""
+        return None
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         """Non-streaming generation: drains `stream`."""

@@ -6,7 +6,8 @@ one passed max_context through, the other did not). Here every kind is built onc
 
   replay[:FILE]   ReplayEngine cycling the completions in FILE (a JSON list of strings or id lists);
                   without FILE one fixed completion (plumbing checks)
-  jax[:MODEL]     the embedded JAX engine: MODEL an HF Qwen3 dir or a preset (tiny_moe, tiny_dense);
+  jax[:MODEL]     the embedded JAX engine: MODEL an HF Qwen3 or Qwen3-VL dir (a VL policy's engine says how
+                  its images are preprocessed: `Engine.image_processor`) or a preset (tiny_moe, tiny_dense);
                   default a tiny random Qwen3-MoE with the tokenizer's vocabulary (plumbing runs)
   sglang:URL      a running SGLang server (SGLangClient; token ids in and out)
   openai:URL      any OpenAI-compatible /v1/completions server that returns token ids (vLLM-style)
@@ -70,10 +71,36 @@ def _jax(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
     model = arg or "tiny_moe"
     if model not in PRESETS and not (pathlib.Path(model) / "config.json").is_file():
         raise ValueError(f"jax:{model}: neither a preset ({', '.join(PRESETS)}) nor an HF dir with config.json")
+    if model not in PRESETS and _is_vl(pathlib.Path(model)):
+        return _jax_vl(pathlib.Path(model), tok, o)
     cfg, params = model_and_params(model, vocab_size=tok.vocab_size if model in PRESETS else None)
     if cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"jax:{model}: model vocab {cfg.vocab_size} < tokenizer vocab {tok.vocab_size}")
     return jax_engine(cfg, params, EngineConfig(num_slots=o.num_slots, max_len=o.max_len))
+
+
+def _is_vl(path: pathlib.Path) -> bool:
+    return json.loads((path / "config.json").read_text()).get("model_type") in ("qwen3_vl", "qwen3_vl_moe")
+
+
+def _jax_vl(path: pathlib.Path, tok, o: _Opts) -> Engine:  # noqa: ANN001
+    """A Qwen3-VL checkpoint: the engine serves images, preprocessed as its preprocessor_config.json says."""
+    from research.models.image_processor import ImageProcessorConfig
+    from research.models.qwen3_vl import load_hf
+    from research.serving.jax_engine import JaxEngine
+    from research.serving.qwen3_vl_runner import Qwen3VLRunner
+    from research.serving.scheduler import EngineConfig
+
+    params, text, vision, image_id = load_hf(path)
+    if text.vocab_size < tok.vocab_size:
+        raise ValueError(f"jax:{path}: model vocab {text.vocab_size} < tokenizer vocab {tok.vocab_size}")
+    if tok.token_to_id("<|image_pad|>") != image_id:
+        raise ValueError(f"jax:{path}: image_token_id {image_id} is not the tokenizer's <|image_pad|> "
+                         f"({tok.token_to_id('<|image_pad|>')})")
+    proc = path / "preprocessor_config.json"
+    runner = Qwen3VLRunner(text, vision, image_id,
+                           image_processor=ImageProcessorConfig.from_hf(proc) if proc.is_file() else None)
+    return JaxEngine(runner, params, config=EngineConfig(num_slots=o.num_slots, max_len=o.max_len))
 
 
 def jax_engine(model_cfg, params, engine_config, weight_version: int = 0) -> Engine:  # noqa: ANN001

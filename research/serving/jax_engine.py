@@ -181,6 +181,10 @@ class JaxEngine(Engine):
         self._post(("stop", None))
         await asyncio.to_thread(self._thread.join)
 
+    @property
+    def image_processor(self):  # noqa: ANN201
+        return getattr(self.runner, "image_processor", None)
+
     # ---------------------------------------------------------------- helpers (asyncio side)
     def _make_request(self, req: GenerateRequest) -> Request:
         if self._closed:
@@ -202,10 +206,14 @@ class JaxEngine(Engine):
             raise ValueError(f"need 0 < top_p <= 1 and temperature >= 0, got top_p={sp.top_p}, "
                              f"temperature={sp.temperature}")
         seed = sp.seed if sp.seed is not None else next(self._seeds)
-        return Request(
-            req=req, emit=lambda _: None, max_new=min(sp.max_new_tokens, self.cfg.max_len - n),
-            key=np.asarray(request_key(seed)),
-        )
+        r = Request(req=req, emit=lambda _: None, max_new=min(sp.max_new_tokens, self.cfg.max_len - n),
+                    key=np.asarray(request_key(seed)))
+        if req.images:
+            if not getattr(self.runner, "serves_images", False):
+                raise ValueError(f"the request has {len(req.images)} images; this engine serves a text-only model")
+            self.runner.check_images(req)
+            r.match = self.runner.match_key(req)
+        return r
 
     def _post(self, cmd) -> None:
         self._cmds.put(cmd)
@@ -302,7 +310,7 @@ class JaxEngine(Engine):
                 self._finish(r, "abort")
             else:  # nothing emitted yet: run it again from scratch on the new weights
                 self._release(r, keep=False)
-                r.filled, r.slot, r.dispatched = 0, -1, 0
+                r.filled, r.slot, r.dispatched, r.images = 0, -1, 0, None
                 self._waiting.appendleft(r)
         self._params, self._version = params, version
         self._slots.flush()
@@ -387,13 +395,17 @@ class JaxEngine(Engine):
 
     def _prefill_chunk(self, r: Request) -> int:
         C = self.cfg.prefill_chunk
-        chunk = r.prompt[r.filled : r.filled + C]
+        chunk = r.req.prompt_ids[r.filled : r.filled + C]
         tokens = np.zeros(C, np.int32)
         tokens[: len(chunk)] = chunk
         last = r.filled + len(chunk) == len(r.prompt)
+        images = None
+        if r.req.images:  # encoded once per request and weight version, on the first chunk that needs them
+            r.images = r.images or self.runner.encode_images(self._params, r.req)
+            images = self.runner.chunk_images(r.images, r.filled, C)
         out = self._dispatch_prefill(r.slot, tokens, r.filled, len(chunk), r.max_new if last else 0,
-                                     ctx_len=self.cfg.len_bucket(r.filled))
-        self._slots.extend(r.slot, chunk)
+                                     ctx_len=self.cfg.len_bucket(r.filled), images=images)
+        self._slots.extend(r.slot, r.prompt[r.filled : r.filled + C])
         r.filled += len(chunk)
         self.stats["prefill_tokens"] += len(chunk)
         if last:
@@ -403,11 +415,11 @@ class JaxEngine(Engine):
         return C
 
     def _dispatch_prefill(self, slot: int, tokens: np.ndarray, start: int, n_valid: int, max_new: int, *,
-                          ctx_len: int):
+                          ctx_len: int, images=None):
         smp = SlotSampling(*(a[slot].copy() for a in self._sampling))  # copies: jit may read host memory late
         self._cache, self._state, *out = self._fns.prefill(
             self._params, self._cache, self._state, np.int32(slot), tokens, np.int32(start), np.int32(n_valid),
-            *smp, np.int32(max_new), ctx_len=ctx_len,
+            *smp, np.int32(max_new), images, ctx_len=ctx_len,
         )
         return out
 

@@ -143,12 +143,14 @@ class StepFunctions:
 
 def _prefill_and_sample(
     runner: ModelRunner, params, cache, state: DecodeState, slot, tokens_C, start, n_valid, temperature, top_p,
-    top_k, key, stops_M, max_new, *, ctx_len: int,
+    top_k, key, stops_M, max_new, images=None, *, ctx_len: int,
 ):
     """Prefills one chunk into one slot; on the prompt's last chunk (`max_new` > 0) samples the first token
     from its last valid position and starts the slot decoding in `state` (unless that token already ends it).
-    """
-    cache, logits_V, experts_LxK = runner.prefill(params, cache, slot, tokens_C, start, n_valid, ctx_len=ctx_len)
+    `images`: a vision-language runner's inputs of this chunk (research/serving/qwen3_vl_runner.py)."""
+    kw = {} if images is None else {"images": images}
+    cache, logits_V, experts_LxK = runner.prefill(params, cache, slot, tokens_C, start, n_valid, ctx_len=ctx_len,
+                                                  **kw)
     tok_1, lp_1 = sample_tokens(
         logits_V[None], temperature_B=temperature[None], top_p_B=top_p[None], top_k_B=top_k[None],
         keys_Bx2=key[None], steps_B=jnp.zeros(1, jnp.int32),

@@ -205,16 +205,19 @@ class Request:
     cancelled: bool = False
     dispatched: int = 0  # upper bound on the tokens the device has been asked to produce so far
     outbox: list | None = None  # while not None, send() collects items here (one hand-over per block)
+    match: list[int] | None = None  # what prefix reuse matches on, when not the prompt ids (images: their sha)
+    images: object = None  # a vision-language request's encoded images (the runner's; None until prefilled)
     _head: tuple[int, int] | None = None
 
     @property
     def prompt(self) -> list[int]:
-        return self.req.prompt_ids
+        """The prompt as prefix reuse sees it (the ids, or `match`): slots cache these."""
+        return self.req.prompt_ids if self.match is None else self.match
 
     def head(self, n: int) -> int:
         """Hash of the first n prompt tokens: cheap grouping before comparing long prompts."""
         if self._head is None or self._head[0] != n:
-            self._head = (n, hash(tuple(self.req.prompt_ids[:n])))
+            self._head = (n, hash(tuple(self.prompt[:n])))
         return self._head[1]
 
     def send(self, item: object) -> None:

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from research.shim.common import SSE, BadRequest, RequestCache, cached_tools, field, json_dumps, new_id, text_of
+from research.shim.common import (
+    SSE,
+    BadRequest,
+    RequestCache,
+    cached_tools,
+    field,
+    image_text,
+    join_parts,
+    json_dumps,
+    new_id,
+    text_of,
+)
 from research.shim.parse import Delta, ParsedToolCall
 from research.shim.render import Message, ToolCall
 from research.shim.session import Call, ChatRequest, finish_json
@@ -24,7 +35,7 @@ def _user_blocks(content: list, where: str) -> list[Message]:
 
     def flush():
         if texts:
-            out.append(Message("user", "\n\n".join(texts)))
+            out.append(Message("user", join_parts(texts)))
             texts.clear()
 
     for j, b in enumerate(content):
@@ -38,7 +49,9 @@ def _user_blocks(content: list, where: str) -> list[Message]:
                                tool_call_id=field(b, "tool_use_id", str, w, default="")))
         elif kind == "text":
             texts.append(field(b, "text", str, w, required=True))
-        elif kind in ("image", "document"):
+        elif kind == "image":
+            texts.append(image_text(b, kind, w))
+        elif kind == "document":
             texts.append(f"[{kind} omitted]")
     flush()
     return out

@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from research.shim import images
+
 
 class BadRequest(ValueError):
     """Malformed request: 400 naming the offending field (`param`)."""
@@ -253,6 +255,19 @@ def anthropic_error(status: int, message: str, etype: str, *, headers: dict | No
     return json_response(body, status=status, headers=headers)
 
 
+_LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b"\xc2\x85", b"\\u0085"))
+
+
+def _line_safe(payload: bytes) -> bytes:
+    """JSON with U+2028, U+2029 and U+0085 escaped: SSE lines end only at CR/LF, but clients that split lines
+    with a Unicode-aware splitlines (Python's str.splitlines) would cut an event there. They only occur inside
+    JSON strings, where the escape means the same character."""
+    for raw, esc in _LINE_BREAKS:
+        if raw in payload:
+            payload = payload.replace(raw, esc)
+    return payload
+
+
 class _EventStream(web.StreamResponse):
     """A StreamResponse whose headers go out with its first event instead of in a write of their own
     (aiohttp's buffered-headers mode, which its plain Response uses): every write to a local client
@@ -284,7 +299,7 @@ class SSE:
         return cls(resp)
 
     async def send(self, data: Any, event: str | None = None) -> None:
-        payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+        payload = data.encode() if isinstance(data, str) else _line_safe(orjson.dumps(data))
         head = f"event: {event}\ndata: ".encode() if event else b"data: "
         self._queued.append(head + payload + b"\n\n")
 
@@ -335,7 +350,34 @@ def text_of(content: Any, where: str, *, kinds: tuple[str, ...] = ("text", "inpu
         kind = part.get("type")
         if kind in kinds or (kind is None and "text" in part):
             parts.append(field(part, "text", str, f"{where}[{i}]", required=True))
-        elif kind in ("image", "image_url", "input_image", "document", "input_file"):
+        elif kind in IMAGE_KINDS:
+            parts.append(image_text(part, kind, f"{where}[{i}]"))
+        elif kind in ("document", "input_file"):
             parts.append(f"[{kind} omitted]")
         # other part kinds (cache markers, etc.) carry no text for the policy
-    return "\n\n".join(parts)
+    return join_parts(parts)
+
+
+IMAGE_KINDS = ("image", "image_url", "input_image")  # Anthropic, OpenAI Chat, OpenAI Responses
+
+
+def image_text(part: dict, kind: str, where: str) -> str:
+    """An image part as the policy sees it: the active vision policy's marker (research/shim/images.py), else
+    "[KIND omitted]"; an image the vision policy refuses is a BadRequest naming the part."""
+    try:
+        text = images.image_part_text(part, kind, where)
+    except images.BadImage as e:
+        raise BadRequest(e.where, e.message) from None
+    return f"[{kind} omitted]" if text is None else text
+
+
+def join_parts(parts: list[str]) -> str:
+    """Content parts as one text: blank lines between text parts; an image sits flush against its neighbours,
+    as Qwen3-VL's chat template puts it."""
+    if images.active() is None:
+        return "\n\n".join(parts)
+    out = ""
+    for i, p in enumerate(parts):
+        glued = i == 0 or p.startswith(images.VISION_START) or parts[i - 1].endswith(images.VISION_END)
+        out += p if glued else "\n\n" + p
+    return out

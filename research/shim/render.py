@@ -20,15 +20,25 @@ import bisect
 import collections
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from research.models.tokenizer import Tokenizer
+from research.shim import images
 from research.shim.common import loads_checked
+from research.shim.images import Vision
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 NL = "\n"
+# one tool result as _segments renders it (the newlines are optional so text another renderer wrote parses too)
+TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
+
+
+def tool_results(text: str) -> list[str]:
+    """The contents of every tool result rendered in `text`, in order."""
+    return TOOL_RESPONSE.findall(text)
 
 
 @dataclasses.dataclass
@@ -210,6 +220,7 @@ class Prompt:
     exact_turns: int  # assistant turns put back as sampled ids
     retokenized_turns: int  # assistant turns in the history not recognised as generated here
     exact_call_ids: list[str]
+    images: list[str] = dataclasses.field(default_factory=list)  # "SHA:TxHxW" of each image, in prompt order
 
 
 class SessionRenderer:
@@ -218,8 +229,9 @@ class SessionRenderer:
     Cached segment ids are tuples: a tuple of ints leaves Python's cyclic GC after one collection, a
     list would be walked token by token by every full collection for as long as the session lives."""
 
-    def __init__(self, tokenizer: Tokenizer, max_cached_segments: int = 4096):
+    def __init__(self, tokenizer: Tokenizer, max_cached_segments: int = 4096, vision: Vision | None = None):
         self.tok = tokenizer
+        self.vision = vision  # a vision policy's image handling: segments with image markers expand them
         self.im_end_id = tokenizer.token_to_id(IM_END)
         self.nl_ids = tokenizer.encode("\n")
         self.stop_ids = set(tokenizer.stop_token_ids)
@@ -245,10 +257,19 @@ class SessionRenderer:
         if hit is not None:
             self._cache.move_to_end(text)
             return hit, 0
-        ids = self._cache[text] = tuple(self.tok.encode(text))
+        ids = self._cache[text] = tuple(self.encode(text))
         if len(self._cache) > self._max:
             self._cache.popitem(last=False)
         return ids, len(ids)
+
+    def encode(self, text: str) -> list[int]:
+        """One segment's ids (image markers expanded into placeholder tokens under a vision policy)."""
+        return self.tok.encode(text) if self.vision is None else self.vision.encode(self.tok, text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.vision is None or not any(images.VISION_START in t for t in texts):
+            return self.tok.encode_batch(texts)
+        return [self.encode(t) for t in texts]
 
     def exact_turn_ids(self, turn: GeneratedTurn) -> list[int]:
         if turn.exact_ids is None:
@@ -325,12 +346,15 @@ class SessionRenderer:
         if keep:
             self._memo = _Memo(plan.messages, plan.tools, plan.last_query, plan.segs, [sg.end for sg in plan.segs],
                                tok_ends, ids)
-        return Prompt(ids, list(head), tokenized_tokens + n, len(exact_calls), plan.retokenized_turns, exact_calls)
+        pics = [] if self.vision is None else [x for sg in plan.segs if isinstance(sg.part, str)
+                                               for x in self.vision.images_of(sg.part)]
+        return Prompt(ids, list(head), tokenized_tokens + n, len(exact_calls), plan.retokenized_turns, exact_calls,
+                      pics)
 
     def build(self, messages: list[Message], tools: list[dict], *, enable_thinking: bool, keep: bool = True) -> Prompt:
         """Synchronous plan + tokenize + assemble (the shim tokenizes large new text off the event loop)."""
         plan = self.plan(messages, tools, enable_thinking=enable_thinking)
-        n = self.add_tokenized(plan.missing, [self.tok.encode(t) for t in plan.missing])
+        n = self.add_tokenized(plan.missing, [self.encode(t) for t in plan.missing])
         return self.assemble(plan, n, keep=keep)
 
     def remember(self, keys: tuple[tuple, tuple], turn: GeneratedTurn) -> None:

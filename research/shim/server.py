@@ -28,7 +28,7 @@ from aiohttp import web
 from research.capture import CallRecord, CaptureLog
 from research.models.tokenizer import Tokenizer
 from research.serving.api import ContextLengthExceeded, Engine, EngineError, EngineUnavailable
-from research.shim import anthropic_api, openai_chat, openai_responses
+from research.shim import anthropic_api, images, openai_chat, openai_responses
 from research.shim.common import (
     BadRequest,
     BodyTooLarge,
@@ -41,6 +41,7 @@ from research.shim.common import (
     safe_text,
 )
 from research.shim.fork import ReplayMismatch, ReplayPlan, ReplayState
+from research.shim.images import ImageStore, Vision
 from research.shim.session import Call, ChatRequest, Session, ShimOptions, raise_gc_threshold
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,8 @@ class ShimServer:
         self.enforce_sessions = enforce_sessions
         self.host, self.port, self.unix_socket = host, port, unix_socket
         self.options = options or ShimOptions()
+        self.vision = None if self.options.vision is None else Vision(
+            self.options.vision, ImageStore(capture_log.path.with_name(capture_log.path.name + ".images")))
         self.max_body_bytes = max_body_bytes
         self.open_max_sessions, self.open_idle_s = open_max_sessions, open_idle_s
         self.sessions: dict[str, Session] = {}
@@ -202,7 +205,7 @@ class ShimServer:
         (research/shim/fork.py; its outcome: `replay_status`)."""
         sid = uuid.uuid4().hex[:16]
         key = "sk-shim-" + secrets.token_hex(16)
-        s = self.sessions[sid] = Session(sid, key, rollout_id, group_id, harness, self.tok, meta)
+        s = self.sessions[sid] = Session(sid, key, rollout_id, group_id, harness, self.tok, meta, vision=self.vision)
         if replay is not None:
             s.replay = ReplayState(replay, self.tok.decode)
         return SessionInfo(sid, key, f"{self.url}/s/{sid}")
@@ -273,7 +276,7 @@ class ShimServer:
         if s is None:
             ua = request.headers.get("User-Agent", "")
             s = Session(sid, "", sid, "open", ua.split("/")[0] or "unknown", self.tok, {"user_agent": ua},
-                        keep_records=False, first_index=self._closed.pop(sid, 0))
+                        keep_records=False, first_index=self._closed.pop(sid, 0), vision=self.vision)
             self.sessions[sid] = s
         s.last_used = now
         if not s.api_key:  # sessions from open_session() end by close_session(), as in enforced mode
@@ -331,7 +334,8 @@ class ShimServer:
             return error_response("anthropic", 401, s, "auth")
         try:
             body = await parse_json_body(request, self.max_body_bytes, history="messages")
-            req = anthropic_api.parse_request(body, count_only=True)
+            with images.parsing_with(self.vision):
+                req = anthropic_api.parse_request(body, count_only=True)
         except BodyTooLarge as e:
             return error_response("anthropic", 413, str(e), "too_large")
         except BadRequest as e:
@@ -352,7 +356,8 @@ class ShimServer:
             return error_response(api.provider, 401, s, "auth")
         try:
             body = await parse_json_body(request, self.max_body_bytes, history=api.history)
-            req = api.parse(body, s.request_cache(api.name))
+            with images.parsing_with(self.vision):
+                req = api.parse(body, s.request_cache(api.name))
             check_sampling(req, max_temperature=api.max_temperature)
         except BodyTooLarge as e:
             return error_response(api.provider, 413, str(e), "too_large", param=e.param)

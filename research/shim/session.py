@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 
 from research.capture import CallRecord, CaptureLog, PromptResolver, to_json_bytes
+from research.models.image_processor import ImageProcessorConfig
 from research.models.tokenizer import Tokenizer
 from research.serving.api import (
     ContextLengthExceeded,
@@ -33,6 +34,7 @@ from research.serving.api import (
 )
 from research.shim.common import RequestCache, new_id, sampling_problem
 from research.shim.fork import ReplayState, recorded_stream
+from research.shim.images import Vision
 from research.shim.parse import Delta, OutputParser, ParsedOutput, ParsedToolCall, collect, special_ids
 from research.shim.prefix import PrefixIndex
 from research.shim.render import GeneratedTurn, Message, Plan, Prompt, SessionRenderer, turn_keys
@@ -76,6 +78,9 @@ class ShimOptions:
     # At the interpreter's 700 a collection runs every few calls and walks every in-flight call's
     # token lists: 64 sessions of 20k-token prompts spent ~1.5 ms of each call's ~4.5 ms in it.
     gc_young_threshold: int = 10_000
+    # A vision-language policy's image processor settings: image parts become its placeholder tokens and are
+    # stored beside the capture log (research/shim/images.py). None: a text policy, images are omitted.
+    vision: ImageProcessorConfig | None = None
 
     def __post_init__(self):
         for name, v in self.sampling_override.items():
@@ -105,11 +110,12 @@ class Session:
     """
 
     def __init__(self, session_id: str, api_key: str, rollout_id: str, group_id: str, harness: str,
-                 tokenizer: Tokenizer, meta: dict | None = None, *, keep_records: bool = True, first_index: int = 0):
+                 tokenizer: Tokenizer, meta: dict | None = None, *, keep_records: bool = True, first_index: int = 0,
+                 vision: Vision | None = None):
         self.session_id, self.api_key = session_id, api_key
         self.rollout_id, self.group_id, self.harness = rollout_id, group_id, harness
         self.meta = dict(meta or {})
-        self.renderer = SessionRenderer(tokenizer)
+        self.renderer = SessionRenderer(tokenizer, vision=vision)
         self.keep_records = keep_records
         self._lines: list[bytes] = []  # capture-log lines of the finished calls (keep_records)
         self.prefixes = PrefixIndex()  # prompt+completion of finished calls, for parent lookup
@@ -206,13 +212,14 @@ class Call:
         return sum(map(len, plan.missing)) > OFFLOAD_CHARS  # e.g. a 76 KB first request: keep the loop serving
 
     async def _tokenize_offloaded(self, plan: Plan) -> None:
-        ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.tok.encode_batch, plan.missing)
+        ids = await asyncio.get_running_loop().run_in_executor(_IO_POOL, self.session.renderer.encode_batch,
+                                                               plan.missing)
         self._finish_prompt(plan, ids)
 
     def _finish_prompt(self, plan: Plan, ids: list[list[int]] | None) -> None:
         r = self.session.renderer
         if ids is None:
-            ids = [self.tok.encode(t) for t in plan.missing]
+            ids = [r.encode(t) for t in plan.missing]
         p = r.assemble(plan, r.add_tokenized(plan.missing, ids))
         max_ctx = self.engine.max_context
         if len(p.ids) >= max_ctx:
@@ -253,8 +260,11 @@ class Call:
         if rec is not None:  # a forked child's prefix: the parent's completion, no engine time
             self._stream = recorded_stream(rec)
         else:
+            vision = self.session.renderer.vision
+            pics = await asyncio.to_thread(vision.inputs, self.prompt.images) if self.prompt.images else ()
             greq = GenerateRequest(list(self.prompt.ids), self.sampling(), session_id=self.session.session_id,
-                                   return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id)
+                                   return_routed_experts=self.opt.return_routed_experts, request_id=self.call_id,
+                                   images=pics)
             self._stream = self.engine.stream(greq)
         try:
             self._first = await self._stream.__anext__()
@@ -346,7 +356,7 @@ class Call:
         meta = {"model": self.req.model, "stream": self.req.stream, "enable_thinking": self.thinking,
                 "exact_turns": p.exact_turns, "retokenized_turns": p.retokenized_turns,
                 "tokenized_tokens": p.tokenized_tokens, "max_new_tokens": self.max_new_tokens, **self.req.meta,
-                **self.replay_meta}
+                **self.replay_meta, **({"images": p.images} if p.images else {})}
         return CallRecord(
             rollout_id=self.session.rollout_id, session_id=self.session.session_id, group_id=self.session.group_id,
             harness=self.session.harness, call_index=self.session.next_index(), prompt_ids=p.ids,

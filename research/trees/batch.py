@@ -8,9 +8,10 @@ benchmarks rebuild its shapes abstractly. Each used to spell its own key list; a
 consumer silently. Now each derives its keys from `FIELDS` (`names(...)`), and tests/test_batch_fields.py fails
 when a list of field names is spelled anywhere else.
 
-Shapes: B rows, T = row length, K = loss slots per row, L x k = MoE layers x experts per token. Every field is
-sharded over its rows (dim 0, the mesh's batch axes) and replicated along the rest: logical axes
-("batch", ...), see `logical_axes`.
+Shapes: B rows, T = row length, K = loss slots per row, L x k = MoE layers x experts per token, N x P = the step's
+image patches x patch size, a digit = that size. Every row field is sharded over its rows (dim 0, the mesh's batch
+axes) and replicated along the rest: logical axes ("batch", ...), see `logical_axes`; the step's images are
+replicated whole (every row may show any of them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ STAT = "stat"  # per-slot loss statistics of a node (research/trees/targets.py),
 SLOTS = "slots"  # which slots carry loss (added by research/rl/batches.py)
 HOST = "host"  # bookkeeping that maps slots back to trees; never sent to devices
 STEP = "step"  # added per step by the trainer (when the objective needs it)
+VISUAL = "visual"  # a vision policy's rows: 3-D positions and image rows (research/trees/packing.pack_images)
+IMAGES = "images"  # the step's distinct images as the vision tower reads them: NOT rows, replicated to every device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,13 @@ FIELDS: tuple[Field, ...] = (
     Field("ref_logp", "float32", "BT", STEP, doc="KL penalty: the reference policy's log-probs"),
     Field("old_logp", "float32", "BT", STEP, doc="pi_old from a trainer forward (rl.recompute_old_logp)"),
     Field("expert_ids", "int32", "BTLk", STEP, pad=-1, doc="MoE routing replay: the engine's routed experts"),
+    Field("mrope_positions", "int32", "BT3", VISUAL, doc="Qwen3-VL: (t, h, w) RoPE position of the slot"),
+    Field("visual_index", "int32", "BT", VISUAL, pad=-1, doc="the merged image token a placeholder takes; -1 text"),
+    Field("pixels", "float32", "NP", IMAGES, doc="patch rows of the step's distinct images, each image once"),
+    Field("patch_hw", "int32", "N2", IMAGES, doc="a patch's (row, col) in its image (the tower's 2-D RoPE)"),
+    Field("patch_taps", "int32", "N4", IMAGES, doc="its taps into the learned position table"),
+    Field("patch_weights", "float32", "N4", IMAGES, doc="their bilinear weights"),
+    Field("patch_frame", "int32", "N", IMAGES, doc="its frame (attention stays inside one; padding: its own)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 
@@ -82,10 +92,10 @@ DEVICE_ROW_FIELDS = names(MODEL, TREE, STAT)  # packed rows as they go to device
 
 
 def _shape(f: Field, dims: dict[str, int]) -> tuple[int, ...]:
-    missing = [c for c in f.shape if c not in dims]
+    missing = [c for c in f.shape if c not in dims and not c.isdigit()]  # a digit is a fixed size
     if missing:
         raise ValueError(f"field {f.name!r} [{f.shape}] needs dims {missing}")
-    return tuple(dims[c] for c in f.shape)
+    return tuple(int(c) if c.isdigit() else dims[c] for c in f.shape)
 
 
 def empty_rows(num_rows: int, row_len: int) -> dict[str, np.ndarray]:
@@ -100,8 +110,9 @@ def empty_rows(num_rows: int, row_len: int) -> dict[str, np.ndarray]:
 
 
 def logical_axes(name: str) -> tuple[str | None, ...]:
-    """Rows over the batch axes, everything else replicated."""
-    return ("batch",) + (None,) * (len(BY_NAME[name].shape) - 1)
+    """Rows over the batch axes, everything else replicated (the step's images entirely)."""
+    f = BY_NAME[name]
+    return (None if f.role == IMAGES else "batch",) + (None,) * (len(f.shape) - 1)
 
 
 def abstract(fields: tuple[str, ...] | list[str], *, sharding=None, **dims: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -120,5 +131,5 @@ def check(batch: dict) -> None:
         if np.dtype(v.dtype) != np.dtype(f.dtype) or len(v.shape) != len(f.shape):
             raise ValueError(f"batch[{k!r}]: {v.dtype}{list(v.shape)}, field is {f.dtype} [{f.shape}]")
         for c, s in zip(f.shape, v.shape):
-            if dims.setdefault(c, s) != s:
+            if (int(c) if c.isdigit() else dims.setdefault(c, s)) != s:
                 raise ValueError(f"batch[{k!r}] dim {c} = {s}, other fields have {c} = {dims[c]}")

@@ -23,7 +23,8 @@ import dataclasses
 
 import numpy as np
 
-from research.trees.batch import STAT_FIELDS, empty_rows
+from research.models.mrope import vision_grid
+from research.trees.batch import IMAGES, STAT_FIELDS, empty_rows, names
 from research.trees.builder import GroupTree
 
 
@@ -127,3 +128,49 @@ def pack_routed_experts(trees: list[GroupTree], packed: dict[str, np.ndarray]) -
         sel = packed["tree_id"] == t
         out[sel] = tree.routed_experts[packed["node_id"][sel]]
     return out
+
+
+def pack_images(trees: list[GroupTree], packed: dict[str, np.ndarray], *, merge: int = 2
+                ) -> tuple[dict[str, np.ndarray], list[str]] | None:
+    """A vision policy's row fields (`mrope_positions` [B, T, 3], `visual_index` [B, T]) and the step's distinct
+    images ("SHA:TxHxW", first appearance first), or None when no tree has an image.
+
+    Each distinct image is listed once however many trees, calls and row pieces show it, so the tower runs once
+    per image per step; `visual_index` is the placeholder's row among the concatenated merged tokens of that
+    list (-1 for text and padding). A text tree of the step keeps 1-D positions on all three axes."""
+    if not any(t.images for t in trees):
+        return None
+    step: dict[str, int] = {}
+    for t in trees:
+        for name in t.images:
+            step.setdefault(name, len(step))
+    sizes = [np.prod([int(v) for v in name.rsplit(":", 1)[1].split("x")]) // merge**2 for name in step]
+    start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    visual = np.full(packed["tokens"].shape, -1, np.int32)
+    pos3 = np.repeat(packed["positions"][..., None], 3, axis=-1).astype(np.int32)
+    for i, tree in enumerate(trees):
+        sel = (packed["tree_id"] == i) & (packed["segment_ids"] > 0)
+        nodes = packed["node_id"][sel]
+        if tree.mrope_positions is not None:
+            pos3[sel] = tree.mrope_positions[:, nodes].T
+        if tree.images:
+            first = start[[step[name] for name in tree.images]]
+            img = tree.node_image[nodes]
+            visual[sel] = np.where(img >= 0, first[np.maximum(img, 0)] + tree.node_image_row[nodes], -1)
+    return {"mrope_positions": pos3, "visual_index": visual}, list(step)
+
+
+def image_fields(pixels: list[np.ndarray], grids: list[tuple[int, int, int]], *, merge: int, side: int,
+                 min_patches: int = 64) -> dict[str, np.ndarray]:
+    """The step's images (in `pack_images`' order) as the batch's IMAGES fields: patches concatenated, padded to a
+    power of two (a few compilations, not one per set of images); the padding is a frame of its own, never
+    attended to by a real patch, and its merged tokens are never indexed."""
+    g = vision_grid(grids, merge=merge, side=side)
+    n = g.num_patches
+    total = max(min_patches, 1 << (n - 1).bit_length())
+    pad = lambda a, v=0: np.concatenate([a, np.full((total - n,) + a.shape[1:], v, a.dtype)])  # noqa: E731
+    px = np.concatenate(pixels).astype(np.float32)
+    if px.shape[0] != n:
+        raise ValueError(f"pixels have {px.shape[0]} patch rows, the grids {grids} {n}")
+    cols = (pad(px), pad(g.hw_Nx2), pad(g.taps_Nx4), pad(g.weights_Nx4), pad(g.frame_N, int(g.frame_N.max()) + 1))
+    return dict(zip(names(IMAGES), cols, strict=True))
