@@ -47,6 +47,7 @@ class ImageInput:
     sha: str  # content address (research/shim/images.py): equal images share cached K/V, different ones never
     grid_thw: tuple[int, int, int]  # patches per axis
     pixels_NxP: np.ndarray  # float32 [t*h*w, 3*temporal*patch**2], patches in merge-block order
+    data: bytes = b""  # the image as the harness sent it: for an engine that preprocesses itself (SGLang)
 
 
 @dataclasses.dataclass

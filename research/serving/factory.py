@@ -9,7 +9,9 @@ one passed max_context through, the other did not). Here every kind is built onc
   jax[:MODEL]     the embedded JAX engine: MODEL an HF Qwen3 or Qwen3-VL dir (a VL policy's engine says how
                   its images are preprocessed: `Engine.image_processor`) or a preset (tiny_moe, tiny_dense);
                   default a tiny random Qwen3-MoE with the tokenizer's vocabulary (plumbing runs)
-  sglang:URL      a running SGLang server (SGLangClient; token ids in and out)
+  sglang:URL      a running SGLang server (SGLangClient; token ids in and out); `sglang:URL,vl=DIR` when it
+                  serves a Qwen3-VL checkpoint DIR: the client passes images (its image token and processor read
+                  from DIR's config.json and preprocessor_config.json, as the server reads them)
   openai:URL      any OpenAI-compatible /v1/completions server that returns token ids (vLLM-style)
   NAME            a scripted engine from `scripts` (NAME -> function of the rendered prompt text -> reply),
                   so callers register their own (harness_env's `oracle`) without research/ importing them
@@ -126,7 +128,26 @@ def policy_engine(run, params, *, weight_version: int) -> Engine:  # noqa: ANN00
 def _sglang(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001
     from research.serving.sglang_client import SGLangClient
 
-    return SGLangClient(_url("sglang", arg), max_context=o.max_context)
+    url, _, vl = arg.partition(",vl=")
+    wire = _vl_wire(pathlib.Path(vl), tok) if vl else {}
+    return SGLangClient(_url("sglang", url), max_context=o.max_context, **wire)
+
+
+def _vl_wire(path: pathlib.Path, tok) -> dict:  # noqa: ANN001
+    """The SGLang client's image settings for the Qwen3-VL checkpoint at `path` (checked against `tok`)."""
+    from research.models.image_processor import ImageProcessorConfig
+    from research.models.qwen3_vl import configs_from_hf
+
+    if not (path / "config.json").is_file() or not _is_vl(path):
+        raise ValueError(f"sglang:...,vl={path}: not a Qwen3-VL checkpoint dir (config.json with model_type qwen3_vl)")
+    image_id = configs_from_hf(path)[2]
+    if tok.token_to_id("<|image_pad|>") != image_id:
+        raise ValueError(f"sglang:...,vl={path}: image_token_id {image_id} is not the tokenizer's <|image_pad|> "
+                         f"({tok.token_to_id('<|image_pad|>')})")
+    proc = path / "preprocessor_config.json"
+    if not proc.is_file():
+        raise ValueError(f"sglang:...,vl={path}: no preprocessor_config.json (the server's image processor settings)")
+    return {"image_token_id": image_id, "image_processor": ImageProcessorConfig.from_hf(proc)}
 
 
 def _openai(arg: str, tok, o: _Opts) -> Engine:  # noqa: ANN001

@@ -4,7 +4,9 @@
 in CI, and a GPU run swaps in real SGLang with no client change. Only the subset RL needs is served,
 with SGLang's shapes:
 
-  POST /generate            input_ids, sampling_params, return_logprob, return_routed_experts, stream, rid
+  POST /generate            input_ids, sampling_params, return_logprob, return_routed_experts, stream, rid,
+                            image_data (a vision-language engine: each image's one placeholder token expanded
+                            with the engine's processor, as SGLang does; research/serving/image_wire.py)
   POST /update_weights_from_disk   model_path, weight_version, flush_cache (+ SGLang's other keys, ignored)
   GET|POST /flush_cache, GET /health, GET /health_generate, POST /pause_generation, POST /continue_generation
   POST /abort_request, GET /get_model_info, GET /get_server_info, GET /get_weight_version
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -30,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 from aiohttp import web
 
+from research.serving import image_wire
 from research.serving.api import (
     ContextLengthExceeded,
     Engine,
@@ -37,6 +42,7 @@ from research.serving.api import (
     EngineUnavailable,
     GenerateRequest,
     GenerateResult,
+    ImageInput,
     SamplingParams,
 )
 
@@ -127,8 +133,12 @@ class NativeServer:
         routing_shape: tuple[int, int] | None = None,
         max_new_tokens_default: int = 128,
         incremental_streaming_output: bool = False,
+        image_token_id: int | None = None,
     ):
+        """`image_token_id`: a vision-language engine's <|image_pad|> (default: its runner's, if it has one)."""
         self.engine, self.model_path = engine, model_path
+        self.image_token_id = image_token_id if image_token_id is not None else getattr(
+            getattr(engine, "runner", None), "image_token_id", None)
         self._load_weights, self._decode = load_weights, decode or (lambda ids: "")
         self.eos, self.routing_shape = tuple(eos_token_ids), routing_shape
         self.max_new_default, self.incremental = max_new_tokens_default, incremental_streaming_output
@@ -220,9 +230,38 @@ class NativeServer:
                                                       .tobytes()).decode()
         return {"text": self._decode(ids[offset:]), "output_ids": ids[offset:], "meta_info": meta}
 
+    def _with_images(self, req: GenerateRequest, image_data: object) -> GenerateRequest:
+        """`req` with its images decoded and preprocessed by the engine's processor, each placeholder expanded."""
+        from research.models import image_processor as ip
+
+        proc = self.engine.image_processor
+        if proc is None or self.image_token_id is None:
+            raise BadRequest("image_data given, but this model takes no images (a text-only engine)")
+        items = image_data if isinstance(image_data, list) else [image_data]
+        images, counts = [], []
+        for i, item in enumerate(items):
+            try:
+                data = image_wire.image_bytes(item, f"image_data[{i}]")
+                im, _ = ip.decode(data, proc)
+                px, thw = ip.preprocess(im, proc)
+            except ip.ImageError as e:
+                raise BadRequest(f"image_data[{i}]: {e}") from None
+            except ValueError as e:
+                raise BadRequest(str(e)) from None
+            images.append(ImageInput(hashlib.sha256(data).hexdigest(), thw, px, data))
+            counts.append(ip.num_tokens(thw, proc))
+        try:
+            ids = image_wire.expand(list(req.prompt_ids), self.image_token_id, counts)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        return dataclasses.replace(req, prompt_ids=ids, images=tuple(images))
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            req, opts = self._parse_generate(await self._json(request))
+            body = await self._json(request)
+            req, opts = self._parse_generate(body)
+            if body.get("image_data") not in (None, []):
+                req = await asyncio.to_thread(self._with_images, req, body["image_data"])
         except BadRequest as e:
             return _error(400, str(e))
         task = asyncio.current_task()

@@ -10,6 +10,9 @@ client tells them apart with `meta_info.completion_tokens`.
 Weight sync: `pause()` -> `POST /pause_generation`, `update_weights_from_disk(path, version)`,
 `resume()` -> `POST /continue_generation`; `flush_cache()`, `healthy()` (`/health_generate`).
 
+Images (a vision-language policy, `image_token_id` given): each image's placeholder run goes as one token, its
+bytes in `image_data`; the server's expanded prompt must have the recorded length (research/serving/image_wire.py).
+
 Errors: 400 naming the context length -> ContextLengthExceeded; 503/connection refused/reset ->
 EngineUnavailable (retry later); anything else -> EngineError with the server's message.
 """
@@ -24,6 +27,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import numpy as np
 
+from research.serving import image_wire
 from research.serving.api import (
     ContextLengthExceeded,
     Engine,
@@ -84,8 +88,13 @@ class SGLangClient(Engine):
         timeout_s: float = 3600.0,
         api_key: str | None = None,
         weight_version: int = 0,
+        image_token_id: int | None = None,
+        image_processor=None,  # noqa: ANN001 - research.models.image_processor.ImageProcessorConfig | None
     ):
+        """A vision-language policy's server: `image_token_id` (its <|image_pad|>) and `image_processor` (as its
+        checkpoint's preprocessor_config.json says, so the shim renders images as the server will expand them)."""
         self.base_url = base_url.rstrip("/")
+        self.image_token_id, self._image_processor = image_token_id, image_processor
         self.routing_shape = routing_shape
         self._max_context = max_context
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
@@ -97,6 +106,10 @@ class SGLangClient(Engine):
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def image_processor(self):  # noqa: ANN201
+        return self._image_processor
 
     @property
     def max_context(self) -> int:
@@ -149,7 +162,20 @@ class SGLangClient(Engine):
         }
         if req.return_routed_experts:
             body["return_routed_experts"] = True
+        if req.images:
+            body["input_ids"], body["image_data"] = self._images(req)
         return body
+
+    def _images(self, req: GenerateRequest) -> tuple[list[int], list[str]]:
+        if self.image_token_id is None:
+            raise EngineError("the request has images but this SGLangClient was built without image_token_id "
+                              "(a text-only policy's shim omits images)")
+        ids, lengths = image_wire.collapse(list(req.prompt_ids), self.image_token_id)
+        if len(lengths) != len(req.images):
+            raise EngineError(f"prompt has {len(lengths)} image placeholder runs for {len(req.images)} images")
+        if not all(im.data for im in req.images):
+            raise EngineError("an image has no encoded bytes (ImageInput.data): SGLang preprocesses images itself")
+        return ids, [image_wire.data_url(im.data) for im in req.images]
 
     async def stream(self, req: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         body = self._body(req)
@@ -168,6 +194,11 @@ class SGLangClient(Engine):
                     if "error" in out:
                         raise EngineError(f"SGLang stream error: {out['error']}")
                     meta = out.get("meta_info") or {}
+                    if req.images and int(meta.get("prompt_tokens", -1)) != len(req.prompt_ids):
+                        raise EngineError(
+                            f"the server expanded the prompt's images to {meta.get('prompt_tokens')} prompt tokens, "
+                            f"the shim's processor to {len(req.prompt_ids)}: their image processors differ, so the "
+                            "record's image tokens would not be what the policy saw")
                     new = self._new_tokens(meta, len(ids))
                     if new:
                         ids += [t for _, t in new]

@@ -100,18 +100,20 @@ class Vision:
         out = []
         for x in images:
             sha, _, grid = x.partition(":")
-            px = self._pixels.pop(sha, None)
-            if px is None:
-                im, _ = ip.decode(self.store.get(sha), self.processor)
+            hit = self._pixels.pop(sha, None)
+            if hit is None:
+                data = self.store.get(sha)
+                im, _ = ip.decode(data, self.processor)
                 with contextlib.closing(im):
                     px, thw = ip.preprocess(im, self.processor)
                 if "x".join(map(str, thw)) != grid:  # the marker was made by this processor from these bytes
                     raise ValueError(f"image {sha}: preprocessed to grid {thw}, its marker says {grid}")
-            self._pixels[sha] = px  # most recently used last
+                hit = (px, data)
+            self._pixels[sha] = hit  # most recently used last
             while len(self._pixels) > self.cache_images:
                 self._pixels.pop(next(iter(self._pixels)))
             t, h, w = (int(v) for v in grid.split("x"))
-            out.append(ImageInput(sha, (t, h, w), px))
+            out.append(ImageInput(sha, (t, h, w), *hit))
         return tuple(out)
 
     def images_of(self, text: str) -> list[str]:
