@@ -28,11 +28,11 @@ from collections.abc import Iterator
 
 from research.models import image_processor as ip
 from research.models.tokenizer import Tokenizer
+from research.serving import image_wire
 from research.serving.api import ImageInput
 
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 _EXT = {"PNG": "png", "JPEG": "jpg", "GIF": "gif", "WEBP": "webp", "BMP": "bmp"}
-_DATA_URL = re.compile(r"data:(image/[\w.+-]+)?(;[\w=-]+)*;base64,", re.I)
 
 
 class BadImage(ValueError):
@@ -161,7 +161,7 @@ def _base64(s: str, where: str) -> bytes:
 def _data_url(url: object, where: str) -> bytes:
     if not isinstance(url, str):
         raise BadImage(where, "must be a string (a data: URL)")
-    m = _DATA_URL.match(url)
+    m = image_wire.DATA_URL.match(url)
     if m is None:
         kind = url.split(":", 1)[0] if ":" in url else "this"
         raise BadImage(where, f"only base64 data: URLs are accepted, not a {kind} URL: the sandbox has no network")
