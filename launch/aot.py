@@ -22,6 +22,8 @@ _KL = flags.DEFINE_bool("kl", False, "RL steps: KL penalty on (the batch carries
 _REPLAY = flags.DEFINE_bool("replay", False, "RL/SFT steps of an MoE: routing replay on (recorded routed experts)")
 _LAYERS = flags.DEFINE_integer("num_layers", None, "override depth (real width) for a quicker compile")
 _FAKE = flags.DEFINE_integer("fake_devices", 0, "force this many XLA:CPU devices (0: use the real backend)")
+_IMAGES = flags.DEFINE_integer("image_patches", 0, "a vision policy's step: patch rows of images in the batch (e.g. "
+                                "4 screenshots of 1280x720 at patch 16 = 14400)")
 _COMPILE = flags.DEFINE_bool("compile", True, "compile (memory report) or only lower")
 _MOE_IMPL = flags.DEFINE_string("moe_impl", "shapes", "MoE kernel to compile ('shapes': the accelerators' "
                                 "buffers; '': the config's)")
@@ -35,7 +37,7 @@ def main(argv):
                                    f" --xla_force_host_platform_device_count={_FAKE.value}").strip()
     for step in _STEP.value or [None]:
         rep = aot_compile(_CONFIG.value, step=step, kl=_KL.value, replay=_REPLAY.value, num_layers=_LAYERS.value,
-                          compile=_COMPILE.value, moe_impl=_MOE_IMPL.value or None)
+                          compile=_COMPILE.value, moe_impl=_MOE_IMPL.value or None, image_patches=_IMAGES.value)
         print(format_report(rep))
         print("AOT " + json.dumps(rep, sort_keys=True), flush=True)
 

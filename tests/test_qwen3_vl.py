@@ -320,3 +320,20 @@ def test_checkpoint_round_trip_through_transformers(tmp_path):
     loaded, text2, vision2, image_id2 = load_hf(tmp_path / "theirs", dtype="float32")
     assert (text2, vision2, image_id2) == (text, vision, image_id)
     jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+def test_chunked_frame_attention_equals_dense_and_its_gradient():
+    """The tower's attention in query chunks (research/models/vision.frame_attention above `attention_chunk`) is
+    the dense one, value and gradient, with frames of unequal size and a padding frame."""
+    from research.models.vision import frame_attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(64, 2, 8)).astype(np.float32)) for _ in range(3))
+    frame = jnp.asarray(np.repeat([0, 1, 2], [24, 32, 8]))
+    loss = lambda chunk: lambda q, k, v: jnp.sum(jnp.sin(frame_attention(q, k, v, frame, chunk)))  # noqa: E731
+    dense, chunked = jax.value_and_grad(loss(64), (0, 1, 2)), jax.value_and_grad(loss(16), (0, 1, 2))
+    (a, ga), (b, gb) = dense(q, k, v), chunked(q, k, v)
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+    for x, y in zip(ga, gb, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+    assert float(jnp.abs(ga[0]).sum()) > 0

@@ -37,11 +37,11 @@ def _check_memory(rep: dict) -> None:
     assert rep["fits"] and rep["peak_bytes"] < rep["device_memory_bytes"], format_report(rep)
 
 
-def _cli(config: str, steps: str, devices: int) -> list[dict]:
+def _cli(config: str, steps: str, devices: int, *extra: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
         [sys.executable, "-m", "launch.aot", f"--config={config}", f"--step={steps}", "--kl", "--replay",
-         f"--fake_devices={devices}"],
+         f"--fake_devices={devices}", *extra],
         capture_output=True, text=True, timeout=1400, env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(x[4:]) for x in out.stdout.splitlines() if x.startswith("AOT ")]
@@ -139,3 +139,18 @@ def test_cli_tpu_v5p_64_mesh_32_fake_devices():
         assert rep["mesh"] == {"data": 1, "fsdp": 4, "expert": 8, "tensor": 1} and rep["num_layers"] == 48
         assert rep["device_memory_bytes"] == 95 * 10**9
         _check_memory(rep)
+
+
+@pytest.mark.timeout(900)
+def test_qwen3_vl_30b_a3b_grpo_step_lowers_with_16k_image_patches():
+    """Qwen3-VL-30B-A3B (both towers at full size) on the RL config's 16-GPU mesh: the tree GRPO step with KL and
+    routing replay lowers with a batch carrying 16,384 patch rows of screenshots (replicated) beside the 16 rows of
+    16k tokens. Lowering only: compiled, this step's per-device peak is 264.5 GiB (the text model alone: 92.7), so
+    it does not fit an H200 yet (docs/experiments/2026-12-07-vl-learner.md)."""
+    (rep,) = _cli("configs/qwen3_vl_30b_a3b_gpu.py", "grpo", 16, "--image_patches=16384", "--nocompile")
+    assert rep["mesh"] == RL_GPU_MESH and rep["num_layers"] == 48 and "peak_bytes" not in rep
+    assert {"pixels", "patch_frame", "mrope_positions", "visual_index", "ref_logp", "expert_ids"} <= set(
+        rep["batch_keys"])
+    # the state holds both towers in fp32 + Adam: 31.87 GiB per device against the text model's 28.86 GiB (the
+    # ~0.41B-param tower's 3.0 GiB, laid out by the same rules); measured, deterministic from the shardings
+    assert rep["state_bytes_per_device"] == 34_223_062_128

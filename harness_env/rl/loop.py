@@ -43,6 +43,7 @@ from research.rl.run_state import RunState
 from research.rl.sync import get_sync
 from research.rl.trainer import Learner
 from research.serving import factory  # factory.policy_engine: the seam tests put a scripted policy in
+from research.shim.images import IMAGE_PAD, ImageStore
 from research.train import distributed
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,26 @@ def results_of(path: pathlib.Path, ids: set[str]) -> list[RolloutResult]:
     return list(by_id.values())
 
 
+def step_images(run: RunConfig, tok, captures: list[pathlib.Path]) -> B.StepImages | None:  # noqa: ANN001
+    """A vision policy's image source: the shim's stores beside these capture logs (research/shim/images.py: the
+    bytes as each harness sent them), read by content hash; None for a text policy. The tokenizer's placeholder
+    must be the one the trees are cut at."""
+    if run.vision is None:
+        return None
+    if tok.token_to_id(IMAGE_PAD) != run.image_pad_id:
+        raise ValueError(f"the tokenizer's {IMAGE_PAD} is {tok.token_to_id(IMAGE_PAD)}, the vision policy's image "
+                         f"token {run.image_pad_id}: not a Qwen3(-VL) tokenizer")
+    stores = [ImageStore(c.with_name(c.name + ".images")) for c in captures]
+
+    def load(sha: str) -> bytes:
+        for store in stores:
+            if store.path(sha) is not None:
+                return store.get(sha)
+        raise KeyError(f"image {sha} is in none of {[str(s.root) for s in stores]}")
+
+    return B.StepImages(load=load, processor=run.processor(), side=run.vision.side)
+
+
 class Loop:
     def __init__(self, config, workdir: pathlib.Path):  # noqa: ANN001
 
@@ -79,6 +100,7 @@ class Loop:
         self.run, self.workdir = self.learner.run, workdir
         self.tok = load_tokenizer(self.run.tokenizer_dir or None)
         self.pcfg, self.bcfg = self.run.pipeline(), self.run.batching()
+        self.images = step_images(self.run, self.tok, [workdir / "capture.jsonl", workdir / "demos" / "capture.jsonl"])
         self.state = RunState(workdir, save_every=self.run.checkpoint.every, keep=self.run.checkpoint.keep)
         restored = self.state.restore(self.learner.abstract)
         if restored is not None:
@@ -228,7 +250,8 @@ class Loop:
         items = [it for it in sealed.items if not (it.rollout_ids & self.state.consumed)]
         batch = B.build_batch(items, self.bcfg, current_version=self.state.version,
                               max_off_policy=self.run.rollout.max_off_policy_steps,
-                              loss_slots_k=self.run.train.loss_slots, max_groups=self._max_groups())
+                              loss_slots_k=self.run.train.loss_slots, max_groups=self._max_groups(),
+                              images=self.images)
         m = self._rollout_metrics(results, batch, rollout_s, tree_s=time.monotonic() - t)
         if self.run.rollout.branch:
             m["branch/rollout_s"] = self._branch_s.pop(k, 0.0)

@@ -66,7 +66,7 @@ async def sft_phase(loop) -> None:  # noqa: ANN001
         if run.sft.merge_demos:
             items = merge_items(items, loop.pcfg)
         batch = B.build_batch(items, loop.bcfg, current_version=0, max_off_policy=1 << 30,
-                              loss_slots_k=run.sft_loss_slots, filter_groups=False)
+                              loss_slots_k=run.sft_loss_slots, filter_groups=False, images=loop.images)
         t = time.monotonic()
         m = await asyncio.to_thread(loop.learner.train, batch, sft=True)
         m["train_s"] = time.monotonic() - t

@@ -50,6 +50,10 @@ class PipelineConfig:
     scored_causes: tuple[str, ...] = ("policy",)
     # an `ok` rollout that tampered with its inputs (meta["tampered"]) is rewarded with this, not its grade
     tamper_reward: float | None = 0.0
+    # a vision policy's image placeholder token and spatial merge: calls merge through an image only if it is the
+    # same one (research/trees/builder.py); None for a text policy (placeholders are then plain tokens)
+    image_pad_id: int | None = None
+    merge_size: int = 2
 
 
 @dataclasses.dataclass
@@ -109,8 +113,8 @@ def to_tree(rec: GroupRecord, cfg: PipelineConfig) -> TreeItem:
     calls, results, rejections = clean_group(rec, cfg.vocab_size, scored_failures=cfg.scored_failures,
                                              failure_reward=cfg.failure_reward, scored_causes=cfg.scored_causes,
                                              tamper_reward=cfg.tamper_reward)
-    merge_generations = cfg.merge_generations
-    tree = build_tree(calls, results, merge_generations=merge_generations) if calls else None
+    tree = build_tree(calls, results, merge_generations=cfg.merge_generations, image_pad_id=cfg.image_pad_id,
+                      merge_size=cfg.merge_size) if calls else None
     return TreeItem(tree, rejections, rec)
 
 

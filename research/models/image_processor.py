@@ -57,6 +57,15 @@ class ImageProcessorConfig:
                    **overrides)
 
 
+    def to_hf(self) -> dict:
+        """preprocessor_config.json as a Qwen3-VL checkpoint ships it (`from_hf` reads it back unchanged)."""
+        return {"image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+                "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.merge_size,
+                "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+                "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+
+
 def target_size(height: int, width: int, cfg: ImageProcessorConfig) -> tuple[int, int]:
     """(height, width) after resizing: multiples of patch*merge, area in [min_pixels, max_pixels], aspect kept."""
     f = cfg.factor

@@ -20,7 +20,8 @@ causal rule ``j <= positions[b, t]``. Everything else (projections, norms, RoPE,
 
 Qwen3-VL's text model is this module too (research/models/qwen3_vl.py): with ``cfg.mrope_section`` the positions
 are [3, B, T] (3-D RoPE; training path only), ``visual_MxD`` replaces the embeddings at ``visual_mask_BxT`` and
-``deepstack_KxMxD[k]`` is added there after layer k < ``cfg.deepstack_layers``.
+``deepstack_KxMxD[k]`` is added there after layer k < ``cfg.deepstack_layers`` (either as [M, D] rows in row-major
+order, or already at their slots, [B, T, D]).
 
 Layers are ``nn.scan``-ned: compile time does not grow with depth. A model whose layers differ in kind
 (``mlp_only_layers`` / ``decoder_sparse_step``) is split into maximal runs of equal layers, one scan each
@@ -266,7 +267,11 @@ class Qwen3(nn.Module):
 
 
 def _at_visual(mask_BxT: Array, rows_MxD: Float[Array, "M D"]) -> Float[Array, "B T D"]:
-    """rows_MxD laid out at the True entries of mask_BxT in row-major order (torch's masked_scatter order)."""
+    """rows_MxD laid out at the True entries of mask_BxT in row-major order (torch's masked_scatter order). Rows
+    given as [B, T, D] are already at their slots (the trainer's packed rows: each row's features stay on the
+    devices holding that row, where M rows in order would be the whole batch's on every device)."""
+    if rows_MxD.ndim == mask_BxT.ndim + 1:
+        return rows_MxD
     idx = jnp.cumsum(mask_BxT.reshape(-1).astype(jnp.int32)) - 1
     out = jnp.take(rows_MxD, jnp.clip(idx, 0, rows_MxD.shape[0] - 1), axis=0)
     return out.reshape(mask_BxT.shape + rows_MxD.shape[-1:])

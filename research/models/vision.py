@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 
 import flax.linen as nn
@@ -47,6 +48,10 @@ class VisionConfig:
     layer_norm_eps: float = 1e-6
     dtype: str = "float32"
     param_dtype: str = "float32"
+    # attention over more patches than this runs in query chunks of it, each recomputed in the backward pass:
+    # O(chunk x N) memory instead of the [heads, N, N] scores of every block (16 screenshots' 16k patches: 16 GiB
+    # per block in fp32, kept for all 27 blocks by the scan's backward)
+    attention_chunk: int = 1024
 
     def __post_init__(self):
         side = int(round(self.num_position_embeddings ** 0.5))
@@ -126,19 +131,35 @@ class VisionBlock(nn.Module):
     cfg: VisionConfig
 
     @nn.compact
-    def __call__(self, x_NxD, angles_NxD2, same_frame_NxN):
+    def __call__(self, x_NxD, angles_NxD2, frame_N):
         cfg = self.cfg
         D, H, Dh = cfg.hidden_size, cfg.num_heads, cfg.head_dim
         h = LayerNorm(cfg.layer_norm_eps, cfg.param_dtype, name="norm1")(x_NxD)
         qkv = _dense(self, "qkv", (D, 3 * D), ("embed", "heads"), cfg, h).reshape(-1, 3, H, Dh)
         q, k = rotate(qkv[:, 0], angles_NxD2), rotate(qkv[:, 1], angles_NxD2)
-        s = jnp.einsum("nhd,mhd->hnm", q, k, preferred_element_type=jnp.float32) / np.sqrt(Dh)
-        p = jax.nn.softmax(jnp.where(same_frame_NxN[None], s, -1e30), axis=-1)
-        o = jnp.einsum("hnm,mhd->nhd", p.astype(qkv.dtype), qkv[:, 2]).reshape(-1, D)
+        o = frame_attention(q, k, qkv[:, 2], frame_N, cfg.attention_chunk).reshape(-1, D)
         x_NxD = x_NxD + _dense(self, "proj", (D, D), ("heads", "embed"), cfg, o)
         h = LayerNorm(cfg.layer_norm_eps, cfg.param_dtype, name="norm2")(x_NxD)
         h = jax.nn.gelu(_dense(self, "fc1", (D, cfg.intermediate_size), ("embed", "mlp"), cfg, h), approximate=True)
         return x_NxD + _dense(self, "fc2", (cfg.intermediate_size, D), ("mlp", "embed"), cfg, h), None
+
+
+def frame_attention(q_NxHxD: Array, k_NxHxD: Array, v_NxHxD: Array, frame_N: Array, chunk: int) -> Array:
+    """Bidirectional attention of each patch to the patches of its own frame. Above `chunk` patches the queries go
+    in chunks (the largest power-of-two divisor of N up to `chunk`) under `jax.checkpoint`: each chunk's softmax is
+    over all keys, so the result is the dense one, and the backward pass keeps no [H, N, N] scores."""
+    N, H, Dh = q_NxHxD.shape
+
+    def rows(q_CxHxD, f_C):
+        s = jnp.einsum("nhd,mhd->hnm", q_CxHxD, k_NxHxD, preferred_element_type=jnp.float32) / np.sqrt(Dh)
+        p = jax.nn.softmax(jnp.where((f_C[:, None] == frame_N[None, :])[None], s, -1e30), axis=-1)
+        return jnp.einsum("hnm,mhd->nhd", p.astype(v_NxHxD.dtype), v_NxHxD)
+
+    if N <= chunk:
+        return rows(q_NxHxD, frame_N)
+    C = math.gcd(N, 1 << (chunk.bit_length() - 1))
+    out = jax.lax.map(jax.checkpoint(lambda a: rows(*a)), (q_NxHxD.reshape(N // C, C, H, Dh), frame_N.reshape(-1, C)))
+    return out.reshape(N, H, Dh)
 
 
 class PatchMerger(nn.Module):
@@ -174,13 +195,12 @@ class VisionTower(nn.Module):
         x = x + pos.astype(dt)
         angles = vision_angles(jnp.asarray(grid.hw_Nx2), cfg.head_dim, cfg.rope_theta)
         frame = jnp.asarray(grid.frame_N)
-        same = frame[:, None] == frame[None, :]
         deep = []
         for r, (first, n) in enumerate(cfg.block_runs()):
             scan = nn.scan(VisionBlock, variable_axes={"params": 0}, split_rngs={"params": True},
                            in_axes=(nn.broadcast, nn.broadcast), length=n,
                            metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = scan(cfg, name=f"blocks_{r}")(x, angles, same)
+            x, _ = scan(cfg, name=f"blocks_{r}")(x, angles, frame)
             if first + n - 1 in cfg.deepstack_indexes:
                 k = cfg.deepstack_indexes.index(first + n - 1)
                 deep.append(PatchMerger(cfg, postshuffle=True, name=f"deepstack_merger_{k}")(x))

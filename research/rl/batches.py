@@ -14,15 +14,18 @@ learner's current weight version happens here, per step:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
 from research.data.pipeline import TreeItem
+from research.models import image_processor as ip
 from research.rl.objective import loss_slots
 from research.trees.batch import HOST_ONLY
 from research.trees.builder import GroupTree
-from research.trees.packing import pack_routed_experts, pack_trees
+from research.trees.packing import image_fields, pack_images, pack_routed_experts, pack_trees
 from research.trees.targets import node_stats, normalizer, rollout_advantages
 
 
@@ -35,6 +38,37 @@ class BatchConfig:
     estimator: str = "grpo"
     aggregation: str = "token_mean"
     filter_groups: bool = False  # drop groups whose rollouts all got the same reward (no GRPO signal)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepImages:
+    """Where a vision policy's steps find their images: `load(sha)` gives the bytes the harness sent (the shim's
+    content-addressed store beside the capture log), preprocessed here with the policy's processor, the function
+    that made the prompt's placeholder count, so the tower trains on the pixels the engine saw."""
+
+    load: Callable[[str], bytes]
+    processor: ip.ImageProcessorConfig
+    side: int  # sqrt of the tower's learned position table (VisionConfig.side)
+
+    def pixels(self, name: str) -> np.ndarray:
+        """Patch rows of the image "SHA:TxHxW"; a grid other than the name's (another processor) is an error."""
+        sha, _, grid = name.partition(":")
+        im, _ = ip.decode(self.load(sha), self.processor)
+        with contextlib.closing(im):
+            px, thw = ip.preprocess(im, self.processor)
+        if "x".join(map(str, thw)) != grid:
+            raise ValueError(f"image {sha}: this processor makes grid {thw}, the records say {grid}")
+        return px
+
+    def fields(self, trees: list[GroupTree], packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The VISUAL row fields and the IMAGES fields of the step (each distinct image once); {} if none."""
+        out = pack_images(trees, packed, merge=self.processor.merge_size)
+        if out is None:
+            return {}
+        visual, names = out
+        grids = [tuple(int(v) for v in n.rsplit(":", 1)[1].split("x")) for n in names]
+        return visual | image_fields([self.pixels(n) for n in names], grids, merge=self.processor.merge_size,
+                                     side=self.side)
 
 
 @dataclasses.dataclass
@@ -98,11 +132,13 @@ def pack(trees: list[GroupTree], bcfg: BatchConfig) -> dict[str, np.ndarray]:
 
 
 def build_batch(items: list[TreeItem], bcfg: BatchConfig, *, current_version: int, max_off_policy: int,
-                loss_slots_k: int, filter_groups: bool | None = None, max_groups: int | None = None) -> StepBatch:
+                loss_slots_k: int, filter_groups: bool | None = None, max_groups: int | None = None,
+                images: StepImages | None = None) -> StepBatch:
     """The step's batch from its sealed groups (see the module docstring); `empty` if nothing is trainable.
 
     `filter_groups` overrides `bcfg.filter_groups` (SFT never filters); `max_groups` keeps only the first
-    groups (dynamic sampling may finish with more informative groups than a step trains on: fixed shapes)."""
+    groups (dynamic sampling may finish with more informative groups than a step trains on: fixed shapes);
+    `images`: a vision policy's image source (trees with images and none to read them from are an error)."""
     rids = set().union(*(it.rollout_ids for it in items)) if items else set()
     fresh, stale, stale_r = _fresh(items, current_version, max_off_policy)
     trees = [it.tree for it in fresh if it.tree is not None]
@@ -124,6 +160,11 @@ def build_batch(items: list[TreeItem], bcfg: BatchConfig, *, current_version: in
     routed = pack_routed_experts(trees, packed)
     if routed is not None:
         device["expert_ids"] = routed
+    if any(t.images for t in trees):
+        if images is None:
+            raise ValueError("the step's trees hold images but the learner reads none (a text policy's batches: "
+                             "build trees without image_pad_id, or give build_batch the policy's StepImages)")
+        device.update(images.fields(trees, packed))
     calls = [c for t in trees for c in t.calls]
     versions = [int(t.weight_version[t.weight_version >= 0].min()) for t in trees if (t.weight_version >= 0).any()]
     return StepBatch(device=device, packed=packed, trees=trees, trained_ids={c.rollout_id for c in calls},

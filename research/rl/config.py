@@ -30,13 +30,16 @@ from research.capture import ROLLOUT_STATUSES
 from research.data.pipeline import PipelineConfig
 from research.models import ModelConfig
 from research.models.config import tiny_dense
+from research.models.image_processor import ImageProcessorConfig
 from research.models.sharding import mesh_shape
+from research.models.vision import VisionConfig
 from research.rl.batches import BatchConfig
 from research.rl.objective import Objective
 from research.serving.scheduler import EngineConfig
 from research.train.state import model_config
 
 ALGOS = ("grpo", "ppo", "sft")
+IMAGE_PAD_ID = 151655  # Qwen3's (and Qwen3-VL's) `<|image_pad|>`: the tokenizer the shim renders with
 
 
 class RunConfigError(ValueError):
@@ -235,7 +238,8 @@ _SECTIONS: dict[str, type] = {
     "optim": OptimConfig, "critic_optim": OptimConfig, "rl_optim": OptimConfig, "train": TrainConfig,
     "rl": RLConfig, "tasks": TasksConfig, "rollout": RolloutConfig, "engine": EngineConfig, "sync": SyncConfig,
     "sft": SFTConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig, "metrics": MetricsConfig,
-    "distributed": DistributedConfig, "device": DeviceConfig,
+    "distributed": DistributedConfig, "device": DeviceConfig, "vision": VisionConfig,
+    "image_processor": ImageProcessorConfig,
 }
 _TOP = ("name", "seed", "algo", "tokenizer_dir", "init_checkpoint", "model", "mesh", *_SECTIONS)
 
@@ -266,6 +270,11 @@ class RunConfig:
     metrics: MetricsConfig = MetricsConfig()
     distributed: DistributedConfig = DistributedConfig()
     device: DeviceConfig = DeviceConfig()
+    # a Qwen3-VL policy: its vision tower (`model` is then its text model: mrope_section, deepstack_layers) and
+    # the image processor the shim and the learner both preprocess with (None: the tower's patch/merge sizes
+    # with Qwen3-VL's default pixel bounds)
+    vision: VisionConfig | None = None
+    image_processor: ImageProcessorConfig | None = None
 
     @classmethod
     def of(cls, config: RunConfig | ml_collections.ConfigDict | dict, *, num_devices: int | None = None,
@@ -342,12 +351,27 @@ class RunConfig:
                               scored_failures=self.rl.scored_failures, failure_reward=self.rl.failure_reward,
                               scored_causes=self.rl.scored_causes,
                               tamper_reward=(self.rl.failure_reward if self.rl.tamper_reward is None
-                                             else self.rl.tamper_reward))
+                                             else self.rl.tamper_reward),
+                              image_pad_id=self.image_pad_id, merge_size=self.processor().merge_size if self.vision
+                              else 2)
 
     def objective(self):
 
         return Objective(loss=self.loss(), critic="head" if self.algo == "ppo" else "none",
-                         logprob_chunk=self.train.logprob_chunk, temperature=self.temperature)
+                         logprob_chunk=self.train.logprob_chunk, temperature=self.temperature, vision=self.vision)
+
+    @property
+    def image_pad_id(self) -> int | None:
+        """A vision policy's placeholder token: `<|image_pad|>` of Qwen3's tokenizer (research/shim/images.py)."""
+        return None if self.vision is None else IMAGE_PAD_ID
+
+    def processor(self) -> ImageProcessorConfig | None:
+        """The image processor of a vision policy (None for a text policy)."""
+        if self.vision is None:
+            return None
+        v = self.vision
+        return self.image_processor or ImageProcessorConfig(
+            patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size)
 
     @property
     def uses_reference(self) -> bool:
@@ -490,8 +514,27 @@ def validate(run: RunConfig, *, num_devices: int | None = None) -> None:
     if run.sft.steps > 0:
         _check(run.sft.groups_per_step >= 1, "config.sft.groups_per_step must be >= 1")
         _check(run.sft.loss_slots >= 0, "config.sft.loss_slots must be >= 0 (0: config.train.loss_slots)")
+    if run.vision is not None or run.image_processor is not None:
+        _check_vision(run)
     if num_devices is not None:
         _check_rows(run, mesh_sizes(run.mesh, num_devices))
+
+
+def _check_vision(run: RunConfig) -> None:
+    """The tower, the processor and the text model of a Qwen3-VL policy must agree (else the placeholder
+    counts, the patch rows or the merged features' width would not match)."""
+    v, m, p = run.vision, run.model, run.image_processor
+    _check(v is not None, "config.image_processor is set but config.vision is not: a text policy has no images")
+    _check(v.out_hidden_size == m.hidden_size, f"config.vision.out_hidden_size={v.out_hidden_size} != "
+           f"config.model.hidden_size={m.hidden_size} (the merger feeds the text model)")
+    _check(bool(m.mrope_section) and m.deepstack_layers == len(v.deepstack_indexes),
+           f"config.model: a Qwen3-VL text model needs mrope_section (has {m.mrope_section}) and deepstack_layers "
+           f"== len(config.vision.deepstack_indexes) = {len(v.deepstack_indexes)} (has {m.deepstack_layers})")
+    if p is not None:
+        ours = (v.patch_size, v.temporal_patch_size, v.spatial_merge_size)
+        theirs = (p.patch_size, p.temporal_patch_size, p.merge_size)
+        _check(ours == theirs, f"config.image_processor (patch, temporal, merge) = {theirs} != config.vision's "
+               f"{ours}")
 
 
 def _check_rows(run: RunConfig, sizes: dict[str, int]) -> None:

@@ -102,18 +102,16 @@ def gather_parent(x_BxTxD: Float[Array, "B T D"], parent_index_BxT: Int[Array, "
 
 def _visual_inputs(params, batch: dict, obj: Objective) -> dict:
     """The text model's image inputs of a packed batch: the tower over the step's distinct images, each
-    placeholder's merged token (and DeepStack features) put in the order `Qwen3` lays them out (row-major over
-    the placeholders), the 3-D positions. {} for a batch without images."""
+    placeholder slot's merged token (and DeepStack features) gathered at the slot, [B, T, D] like the rows, the
+    3-D positions. {} for a batch without images."""
     if "visual_index" not in batch:
         return {}
     grid = VisionGrid(batch["patch_hw"], batch["patch_taps"], batch["patch_weights"], batch["patch_frame"], ())
     merged, deep = VisionTower(obj.vision).apply({"params": params["visual"]}, batch["pixels"], grid)
     index = jnp.asarray(batch["visual_index"])
-    mask = index >= 0
-    rank = jnp.argsort(~mask.reshape(-1), stable=True)  # the placeholders first, in row-major order
-    rows = jnp.maximum(index.reshape(-1)[rank], 0)
+    rows = jnp.maximum(index, 0)  # each slot's merged token, laid out [B, T, D] like the rows (and sharded so)
     return {"positions_BxT": jnp.moveaxis(batch["mrope_positions"], -1, 0), "visual_MxD": merged[rows],
-            "visual_mask_BxT": mask, "deepstack_KxMxD": jnp.stack([d[rows] for d in deep]) if deep else None}
+            "visual_mask_BxT": index >= 0, "deepstack_KxMxD": jnp.stack([d[rows] for d in deep]) if deep else None}
 
 
 def _trunk(params, batch: dict, model_cfg: ModelConfig, obj: Objective, **kw):

@@ -7,11 +7,13 @@ call mixes versions); "sglang" exports HF safetensors to a versioned directory a
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 
 import jax
 
+from research.models import qwen3_vl
 from research.models.hf_io import save_hf
 
 
@@ -23,7 +25,12 @@ async def sync_jax(engine, learner, version: int, workdir: pathlib.Path) -> None
 async def sync_sglang(engine, learner, version: int, workdir: pathlib.Path) -> None:  # noqa: ANN001
     root = workdir / "hf_weights"
     path = root / f"v{version:06d}"
-    save_hf(jax.device_get(learner.state.params), learner.model_cfg, path, dtype=learner.run.sync.export_dtype)
+    params, run = jax.device_get(learner.state.params), learner.run
+    if run.vision is None:
+        save_hf(params, learner.model_cfg, path, dtype=run.sync.export_dtype)
+    else:  # a Qwen3-VL dir the server loads as its checkpoint (both towers)
+        qwen3_vl.save_hf(params, learner.model_cfg, run.vision, run.image_pad_id, path, dtype=run.sync.export_dtype)
+        (path / "preprocessor_config.json").write_text(json.dumps(run.processor().to_hf(), indent=1))
     await engine.pause()
     try:
         await engine.update_weights_from_disk(str(path), version)

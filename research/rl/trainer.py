@@ -17,6 +17,7 @@ did to the batch's own tokens.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pathlib
 import shutil
@@ -26,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
 
+from research.models import hf_io, qwen3_vl
 from research.models.hf_io import load_hf
 from research.rl import diagnostics, dlogp
 from research.rl.batches import StepBatch
@@ -41,7 +42,8 @@ from research.rl.objective import (
 )
 from research.train.optim import make_optimizer
 from research.train.state import StateInit, abstract_train_state, init_train_state, make_mesh, policy_state_init
-from research.train.step import TrainStep, make_train_step
+from research.train.step import SHARED_FIELDS, TrainStep, make_train_step
+from research.trees import batch as fields
 from research.trees.batch import PPO_FIELDS
 from research.trees.targets import ppo_stats_from_values
 
@@ -52,9 +54,9 @@ def state_init(run: RunConfig) -> StateInit:
     """Policy (+ value head for PPO) params and their optimizers, as functions (nothing is allocated)."""
     optimizer, _ = make_optimizer(run.optim)
     if run.algo != "ppo":
-        return policy_state_init(run.model, optimizer)
+        return policy_state_init(run.model, optimizer, vision=run.vision)
     return policy_state_init(run.model, optimizer, critic_init_fn=lambda r: init_critic_params(run.model, r),
-                             critic_optimizer=make_optimizer(run.critic_optim)[0])
+                             critic_optimizer=make_optimizer(run.critic_optim)[0], vision=run.vision)
 
 
 def rl_optimizer(run: RunConfig, init: StateInit):
@@ -64,10 +66,11 @@ def rl_optimizer(run: RunConfig, init: StateInit):
 
 
 def make_steps(run: RunConfig, init: StateInit, mesh, state_shardings) -> dict[str, TrainStep]:
-    """{"rl": TrainStep, "sft": TrainStep} sharing the state layout; rows sharded over `train.batch_axes`."""
-    rows = NamedSharding(mesh, PartitionSpec(run.train.batch_axes))
+    """{"rl": TrainStep, "sft": TrainStep} sharing the state layout; rows sharded over `train.batch_axes` (a
+    vision policy's images, which are not rows, replicated: each device's rows may show any of them)."""
     obj = run.objective()
-    kw = dict(state_shardings=state_shardings, batch_shardings=rows, critic_optimizer=init.critic_optimizer,
+    kw = dict(state_shardings=state_shardings, batch_shardings=functools.partial(
+        fields.sharding, mesh=mesh, batch_axes=tuple(run.train.batch_axes)), critic_optimizer=init.critic_optimizer,
               num_microbatches=run.train.num_microbatches)
     return {"rl": make_train_step(loss_fn=make_rl_loss_fn(run.model, obj), optimizer=rl_optimizer(run, init), **kw),
             "sft": make_train_step(loss_fn=make_sft_loss_fn(run.model, obj), optimizer=init.optimizer, **kw)}
@@ -92,13 +95,19 @@ class Learner:
         self.state, self.shardings = init_train_state(self.init, self.mesh, rules, jax.random.PRNGKey(run.seed))
         self.abstract = abstract_train_state(self.init, self.mesh, rules)
         if run.init_checkpoint:  # start from an HF checkpoint (a resumed run restores over it)
-
-            params, _ = load_hf(run.init_checkpoint, self.model_cfg, shardings=self.shardings.params)
-            self.state = self.state.replace(params=params)
+            self.state = self.state.replace(params=self._load_hf(run.init_checkpoint))
         self._steps = make_steps(run, self.init, self.mesh, self.shardings)
         self._eval = make_eval_fn(self.model_cfg, self.obj)
         self.ref_params = None  # frozen reference policy (only when the KL penalty is on): see init_reference
         self.last_dlogp: list[np.ndarray] | None = None  # per tree of the last RL update: research/rl/dlogp.py
+
+    def _load_hf(self, path: str):
+        """An HF checkpoint's params, each array put into its shard (a Qwen3-VL dir for a vision policy, read with
+        the run's configs: a tensor whose shape they do not give is a CheckpointError naming its key)."""
+        if self.run.vision is None:
+            return load_hf(path, self.model_cfg, shardings=self.shardings.params)[0]
+        params = qwen3_vl.params_from_state(self.model_cfg, self.run.vision, hf_io.state_reader(path))
+        return jax.device_put(params, self.shardings.params)
 
     @property
     def step(self) -> int:
@@ -139,7 +148,7 @@ class Learner:
             return
         if self.run.rl.ref_checkpoint:
 
-            self.ref_params, _ = load_hf(self.run.rl.ref_checkpoint, self.model_cfg, shardings=self.shardings.params)
+            self.ref_params = self._load_hf(self.run.rl.ref_checkpoint)
             log.info("reference policy: HF checkpoint %s", self.run.rl.ref_checkpoint)
             return
         if directory is None:
@@ -233,7 +242,8 @@ class Learner:
         for _ in range(t.epochs):
             order = rng.permutation(B) if (t.epochs > 1 or t.minibatches > 1) else np.arange(B)
             for rows in np.split(order, t.minibatches):
-                mb = dev if len(rows) == B and (rows == np.arange(B)).all() else {k: v[rows] for k, v in dev.items()}
+                whole = len(rows) == B and (rows == np.arange(B)).all()
+                mb = dev if whole else {k: v if k in SHARED_FIELDS else v[rows] for k, v in dev.items()}
                 self.state, metrics = self._steps["rl"](self.state, mb)
                 yield metrics
 

@@ -117,11 +117,18 @@ def policy_engine(run, params, *, weight_version: int) -> Engine:  # noqa: ANN00
     """The RL loop's engine for the typed run config `run` (research/rl/config.py): the JAX engine over the
     learner's params in process (`sync.kind == "jax"`), or the SGLang server at `sync.sglang_url`, which
     receives weights from disk."""
+    vl = {} if run.vision is None else {"image_token_id": run.image_pad_id, "image_processor": run.processor()}
     if run.sync.kind == "sglang":
         from research.serving.sglang_client import SGLangClient
 
         return SGLangClient(_url("sglang", run.sync.sglang_url), weight_version=weight_version,
-                            max_context=run.engine.max_len)
+                            max_context=run.engine.max_len, **vl)
+    if vl:  # a Qwen3-VL policy: the engine encodes each request's images with the learner's own tower
+        from research.serving.jax_engine import JaxEngine
+        from research.serving.qwen3_vl_runner import Qwen3VLRunner
+
+        runner = Qwen3VLRunner(run.model, run.vision, vl["image_token_id"], image_processor=vl["image_processor"])
+        return JaxEngine(runner, params, config=run.engine, weight_version=weight_version)
     return jax_engine(run.model, params, run.engine, weight_version)
 
 

@@ -28,12 +28,12 @@ GRPO step on the 8-GPU mesh, vs 35 GiB with the stand-in), which no accelerator 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from research.models.params import count_model_params
 from research.rl.config import RunConfig
@@ -51,10 +51,12 @@ def _run_config(config):
     return RunConfig.of(config, check=bool(config.get("rl")))
 
 
-def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = False) -> dict:
-    """ShapeDtypeStructs of one packed tree batch of `step` as the trainer feeds it, rows over the batch axes
-    (`config.train.batch_axes`), with its loss slots (`config.train.loss_slots`; SFT: `config.sft.loss_slots`
-    when set); `ref_logp` when `kl`, `old_values` for ppo, `expert_ids` [B, T, L, k] when `replay` (MoE only)."""
+def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = False,
+                   image_patches: int = 0) -> dict:
+    """ShapeDtypeStructs of one packed tree batch of `step` as the trainer feeds it, each field laid out as the
+    batch table says (rows over `config.train.batch_axes`), with its loss slots (`config.train.loss_slots`; SFT:
+    `config.sft.loss_slots` when set); `ref_logp` when `kl`, `old_values` for ppo, `expert_ids` [B, T, L, k] when
+    `replay` (MoE only); a vision policy's 3-D positions and `image_patches` patch rows of images (replicated)."""
 
 
     run = _run_config(config)
@@ -68,9 +70,15 @@ def abstract_batch(config, mesh, *, step: str, kl: bool = False, replay: bool = 
         if not m.num_experts:
             raise ValueError("replay=True needs an MoE model (config.model.num_experts > 0)")
         keys.append("expert_ids")
-    return fields.abstract(keys, sharding=NamedSharding(mesh, PartitionSpec(t.batch_axes)), B=t.batch_rows,
-                           T=t.row_len, K=run.sft_loss_slots if step == "sft" else t.loss_slots,
-                           L=m.num_layers, k=m.get("num_experts_per_tok") or 0)
+    if image_patches:
+        if run.vision is None:
+            raise ValueError("image_patches needs a vision policy (config.vision)")
+        keys += [*fields.names(fields.VISUAL), *fields.names(fields.IMAGES)]
+    layout = functools.partial(fields.sharding, mesh=mesh, batch_axes=tuple(t.batch_axes))
+    return fields.abstract(keys, sharding=layout, B=t.batch_rows, T=t.row_len,
+                           K=run.sft_loss_slots if step == "sft" else t.loss_slots, L=m.num_layers,
+                           k=m.get("num_experts_per_tok") or 0, N=image_patches,
+                           P=run.vision.patch_dim if run.vision else 0)
 
 
 def memory_report(compiled) -> dict:
@@ -140,7 +148,7 @@ def _build(config, step: str, mesh):
 
 def aot_compile(config, *, step: str | None = None, kl: bool = False, replay: bool = False,
                 num_layers: int | None = None, devices=None, compile: bool = True,
-                moe_impl: str | None = "shapes") -> dict:
+                moe_impl: str | None = "shapes", image_patches: int = 0) -> dict:
     """Lowers (and compiles) `step` of `config` on its mesh; returns the per-device memory report.
 
     `step` defaults to the config's algo for loop configs (`config.rl` present), else "sft". `num_layers`
@@ -148,7 +156,7 @@ def aot_compile(config, *, step: str | None = None, kl: bool = False, replay: bo
     memory scales linearly. `compile=False` stops after lowering (shapes and shardings checked).
     `moe_impl`: the MoE kernel compiled; "shapes" (research/models/moe.py) has the buffers of the
     accelerators' grouped GEMM, which XLA:CPU's own lowering of `ragged_dot` inflates ~E_local-fold
-    (None: the config's own kernel).
+    (None: the config's own kernel). `image_patches`: a vision policy's step with that many patch rows of images.
     """
 
 
@@ -160,7 +168,7 @@ def aot_compile(config, *, step: str | None = None, kl: bool = False, replay: bo
     config = _with(config, step=step, kl=kl, num_layers=num_layers, moe_impl=moe_impl)
     mesh = make_mesh(config.mesh, devices)
     fn, state, cfg = _build(config, step, mesh)
-    batch = abstract_batch(config, mesh, step=step, kl=kl, replay=replay)
+    batch = abstract_batch(config, mesh, step=step, kl=kl, replay=replay, image_patches=image_patches)
     t0 = time.perf_counter()
     lowered = fn.lower(state, batch)
     t1 = time.perf_counter()

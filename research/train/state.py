@@ -32,7 +32,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from research.models import ModelConfig, Qwen3, dummy_inputs
 from research.models import sharding as sharding_lib
+from research.models.qwen3_vl import Qwen3VL
+from research.models.qwen3_vl import dummy_inputs as vl_dummy_inputs
 from research.models.sharding import logical_shardings
+from research.models.vision import VisionConfig
 
 PyTree = Any
 InitFn = Callable[[jax.Array], PyTree]  # rng -> boxed params (nn.Partitioned leaves carry logical names)
@@ -191,12 +194,20 @@ def _tuples(x):
 
 def policy_state_init(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, *,
                       critic_init_fn: InitFn | None = None,
-                      critic_optimizer: optax.GradientTransformation | None = None) -> StateInit:
+                      critic_optimizer: optax.GradientTransformation | None = None,
+                      vision: VisionConfig | None = None) -> StateInit:
     """The one StateInit of the Qwen3 policy (and, with a critic, its value head): functions only, nothing
-    is allocated. The RL learner, the AOT compile and the tests all build their state from this."""
+    is allocated. The RL learner, the AOT compile and the tests all build their state from this.
+
+    With `vision`, a Qwen3-VL policy: params {"visual", "language_model"} (`model_cfg` is its text model), both
+    towers laid out by the same logical rules; the critic reads the text model's hidden states as before."""
     # Init runs one forward on a dummy row; expert parallelism does not change the params and would
     # need the dummy token count to divide the expert mesh axis, so the init forward runs without it.
     init_cfg = model_cfg.replace(expert_parallel=False)
-    init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
+    if vision is None:
+        init_fn = lambda r: Qwen3(init_cfg).init(r, *dummy_inputs())["params"]
+    else:  # the placeholder id only marks the dummy row's image tokens: no parameter depends on it
+        args, kw = vl_dummy_inputs(vision, 1)
+        init_fn = lambda r: Qwen3VL(init_cfg, vision, 1).init(r, *args, **kw)["params"]
     return StateInit(init_fn=init_fn, optimizer=optimizer, critic_init_fn=critic_init_fn,
                      critic_optimizer=critic_optimizer)

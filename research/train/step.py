@@ -28,6 +28,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from research.train.optim import current_learning_rate
 from research.train.state import TrainState, tree_norm
+from research.trees.batch import IMAGES, names
+
+# batch fields that are not rows (the step's distinct images): never split into microbatches or minibatches
+SHARED_FIELDS = frozenset(names(IMAGES))
 
 PyTree = Any
 Batch = dict[str, jax.Array]
@@ -46,30 +50,38 @@ def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Batch, rng: jax.A
     return (loss, metrics), (g, None)
 
 
-def _split_microbatches(batch: Batch, num: int, batch_shardings) -> Batch:
+def _sharding_of(batch_shardings, key: str):
+    """The sharding of batch field `key`: one for all, a tree (dict) by key, or a function of the key."""
+    if isinstance(batch_shardings, NamedSharding | None):
+        return batch_shardings
+    return batch_shardings(key) if callable(batch_shardings) else batch_shardings[key]
+
+
+def _split_microbatches(rows: Batch, num: int, batch_shardings) -> Batch:
     """[B, ...] -> [num, B/num, ...]; each slice keeps the batch's own sharding spec on its rows."""
 
-    def split(x, sharding):
+    def split(key, x):
         if x.shape[0] % num:
             raise ValueError(f"batch leading dim {x.shape[0]} is not divisible by num_microbatches={num}")
         y = x.reshape(num, x.shape[0] // num, *x.shape[1:])
+        sharding = _sharding_of(batch_shardings, key)
         if isinstance(sharding, NamedSharding):
             spec = PartitionSpec(None, *sharding.spec)
             y = jax.lax.with_sharding_constraint(y, NamedSharding(sharding.mesh, spec))
         return y
 
-    if isinstance(batch_shardings, NamedSharding | None):
-        return jax.tree.map(lambda x: split(x, batch_shardings), batch)
-    return jax.tree.map(split, batch, batch_shardings)
+    return {k: split(k, x) for k, x in rows.items()}
 
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Batch, rng, num: int, batch_shardings):
-    """Mean loss/metrics/grads over `num` microbatches; the running sums are fp32."""
+    """Mean loss/metrics/grads over `num` microbatches; the running sums are fp32. The step's images (IMAGES
+    fields: not rows) go to every microbatch whole; a microbatch's rows index into them."""
     if num == 1:
         return _loss_and_grads(loss_fn, state, batch, rng)
-    micro = _split_microbatches(batch, num, batch_shardings)
+    shared = {k: v for k, v in batch.items() if k in SHARED_FIELDS}
+    micro = _split_microbatches({k: v for k, v in batch.items() if k not in shared}, num, batch_shardings)
     rngs = jax.random.split(rng, num)
-    one = lambda mb, r: _loss_and_grads(loss_fn, state, mb, r)
+    one = lambda mb, r: _loss_and_grads(loss_fn, state, {**mb, **shared}, r)
     shapes = jax.eval_shape(one, jax.tree.map(lambda x: x[0], micro), rngs[0])
     carry0 = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
 
@@ -108,8 +120,9 @@ def make_train_step(
     learning_rate (fp32 scalars, replicated) plus whatever `loss_fn` returns; with a critic also the
     `critic_`-prefixed norms and learning rate.
 
-    `batch_shardings`: one NamedSharding for every batch leaf (typically rows over (data, fsdp)) or a
-    tree matching the batch. `state_shardings`: from `state.state_shardings` / `init_train_state`.
+    `batch_shardings`: one NamedSharding for every batch leaf (typically rows over (data, fsdp)), a tree
+    matching the batch, or a function of the field name (a vision policy: its images replicated).
+    `state_shardings`: from `state.state_shardings` / `init_train_state`.
     """
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches={num_microbatches} must be >= 1")
@@ -143,13 +156,15 @@ def make_train_step(
 
     mesh = jax.tree.leaves(state_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0].mesh
     replicated = NamedSharding(mesh, PartitionSpec())
-    jitted = jax.jit(
-        train_step,
-        in_shardings=(state_shardings, batch_shardings),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=(0,) if donate else (),
-    )
-    return TrainStep(jitted, mesh)
+
+    def jit_for(keys: tuple[str, ...]):
+        in_batch = batch_shardings
+        if callable(batch_shardings) and not isinstance(batch_shardings, NamedSharding):
+            in_batch = {k: batch_shardings(k) for k in keys}
+        return jax.jit(train_step, in_shardings=(state_shardings, in_batch),
+                       out_shardings=(state_shardings, replicated), donate_argnums=(0,) if donate else ())
+
+    return TrainStep(jit_for, mesh)
 
 
 class TrainStep:
@@ -157,21 +172,29 @@ class TrainStep:
 
     Why: the model's logical sharding constraints (and the expert-parallel shard_map) resolve against
     the ambient mesh at trace time; without it they would silently be no-ops. `lower` is exposed for
-    AOT compilation with abstract inputs.
+    AOT compilation with abstract inputs. Batch shardings given as a function of the field name (rows over the
+    batch axes, a vision policy's images replicated) make one jitted function per set of batch fields.
     """
 
-    def __init__(self, jitted, mesh: Mesh):
-        self.jitted = jitted
+    def __init__(self, jit_for, mesh: Mesh):
+        self._jit_for = jit_for
+        self._jitted: dict[tuple[str, ...], object] = {}
         self.mesh = mesh
+
+    def jitted(self, batch: Batch):
+        keys = tuple(sorted(batch))
+        if keys not in self._jitted:
+            self._jitted[keys] = self._jit_for(keys)
+        return self._jitted[keys]
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         with jax.set_mesh(self.mesh):
-            return self.jitted(state, batch)
+            return self.jitted(batch)(state, batch)
 
     def lower(self, state: TrainState, batch: Batch):
         with jax.set_mesh(self.mesh):
-            return self.jitted.lower(state, batch)
+            return self.jitted(batch).lower(state, batch)
 
     def cache_size(self) -> int:
         """Number of compiled variants (1 after any number of same-shaped batches)."""
-        return self.jitted._cache_size()
+        return sum(j._cache_size() for j in self._jitted.values())

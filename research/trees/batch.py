@@ -115,9 +115,18 @@ def logical_axes(name: str) -> tuple[str | None, ...]:
     return (None if f.role == IMAGES else "batch",) + (None,) * (len(f.shape) - 1)
 
 
+def sharding(name: str, mesh: jax.sharding.Mesh, batch_axes: tuple[str, ...]) -> jax.sharding.NamedSharding:
+    """Field `name`'s layout on `mesh`: its logical axes with "batch" on the mesh's `batch_axes` (the train step's
+    in_shardings and AOT's abstract batch both come from here)."""
+    spec = [batch_axes if a == "batch" else a for a in logical_axes(name)]
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
 def abstract(fields: tuple[str, ...] | list[str], *, sharding=None, **dims: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """ShapeDtypeStructs of `fields` at `dims` (B=, T=, K=, L=, k=), all with `sharding` (rows split)."""
-    return {n: jax.ShapeDtypeStruct(_shape(BY_NAME[n], dims), np.dtype(BY_NAME[n].dtype), sharding=sharding)
+    """ShapeDtypeStructs of `fields` at `dims` (B=, T=, K=, L=, k=, N=, P=), with `sharding` (one for all, or a
+    function of the field name)."""
+    of = sharding if callable(sharding) else (lambda _: sharding)
+    return {n: jax.ShapeDtypeStruct(_shape(BY_NAME[n], dims), np.dtype(BY_NAME[n].dtype), sharding=of(n))
             for n in fields}
 
 
