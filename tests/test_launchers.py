@@ -57,8 +57,6 @@ def test_train_refuses_a_mesh_the_devices_cannot_hold_before_anything_starts(tmp
     assert not wd.exists()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
 def _readme_env() -> dict:
     """The environment a newcomer runs the README in: without the suite's persistent XLA compilation cache
     (tests/conftest.py), whose loader logs two C++ ERROR lines per cached program it loads ("Target machine
@@ -66,6 +64,8 @@ def _readme_env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_train_prints_one_line_per_step_and_no_library_chatter(tmp_path):
     """`launch.train` as the README runs it: progress lines with an ETA, no orbax INFO (~250 lines before)."""
     proc = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/demo_cpu.py:test",

@@ -44,9 +44,9 @@ def test_ppo_lifts_the_reward(tmp_path):
 
 @pytest.mark.slow
 def test_negated_advantages_drive_the_reward_down(tmp_path):
-    c = run_bandit("grpo", steps=10, sign=-1.0, workdir=tmp_path)["curve"]
-    k = first_crossing(c, 0.03, falling=True)  # recorded: step 9 of 10 (the 3-step mean at 0.02: step 10)
-    assert c[0] >= 0.08 and k is not None and k <= len(c) - 1 and c[-1] <= 0.02, (k, c)
+    c = run_bandit("grpo", steps=12, sign=-1.0, workdir=tmp_path)["curve"]  # 10 steps left no slack at step 9
+    k = first_crossing(c, 0.03, falling=True)  # recorded: step 9 of 12 (the 3-step mean at 0.02: step 10)
+    assert c[0] >= 0.08 and k is not None and k <= len(c) - 2 and c[-1] <= 0.02, (k, c)
 
 
 @pytest.mark.slow
@@ -166,14 +166,21 @@ def test_multi_turn_grpo_through_the_harness_lifts_the_reward_on_two_seeds_negat
         assert len(recs) == 20 and all(m["rollout/all/count"] == 16 for m in recs)
         # every rollout is a chat of two calls: the second call's prompt extends the first -> merged trees
         assert min(m["tree_compression"] for m in recs) > 1.5
-        assert rewards[0] <= 0.2 and np.mean(rewards[-3:]) >= 0.8, (seed, rewards)
+        # recorded (docs/experiments/2026-12-03-demo-seeds.md, section 6): the 3-step mean first at >= 0.8 at step
+        # 13 (seed 0) and 9 (seed 1) of 20; the margin asks for it 4 steps before the end (the slower seed's +3)
+        k = first_crossing(rewards, 0.8)
+        assert rewards[0] <= 0.2 and k is not None and k <= len(rewards) - 4, (seed, k, rewards)
+        assert np.mean(rewards[-3:]) >= 0.8, (seed, rewards)
         starts.append(rewards[0])
     neg_cfg = _multi_turn_config(tmp_path, 0, estimator="negated_grpo")
     neg_cfg.train.steps = 10
     run_part(neg_cfg, tmp_path / "negated", source=tmp_path / "seed0" / "sft")
     neg = [m["rollout/all/reward"] for m in _train_rewards(tmp_path / "negated")]
-    # batch rewards come in steps of 1/32, so judge the whole second half: one lucky step of 3/32 is not a rise
-    assert neg[0] <= 0.2 and np.mean(neg[5:]) <= 0.06 and max(neg[5:]) <= 0.125, (neg, starts)
+    # batch rewards come in steps of 1/32, so judge the whole second half: one lucky step of 3/32 is not a rise.
+    # Recorded (same note): the 3-step mean first at <= 0.06 at step 3 of 10; asked for before the judged half
+    k = first_crossing(neg, 0.06, falling=True)
+    assert neg[0] <= 0.2 and k is not None and k <= len(neg) - 5, (k, neg, starts)
+    assert np.mean(neg[5:]) <= 0.06 and max(neg[5:]) <= 0.125, (neg, starts)
 
 
 @pytest.mark.slow

@@ -25,12 +25,12 @@ from research.capture import RolloutResult, read_log
 
 @register
 class _FillWorkspace(ShellHarness):
-    name, script = "test_fill_workspace", "head -c 40000000 /dev/zero > big; sleep 60"
+    name, script = "test_fill_workspace", "head -c 40000000 /dev/zero > big; sleep 600"
 
 
 @register
 class _FillHome(ShellHarness):
-    name, script = "test_fill_home", 'head -c 40000000 /dev/zero > "$HOME/big"; sleep 60'
+    name, script = "test_fill_home", 'head -c 40000000 /dev/zero > "$HOME/big"; sleep 600'
 
 
 @register
@@ -97,13 +97,15 @@ def test_disk_caps_end_the_rollout_with_disk_limit(bwrap, tmp_path, harness, mod
         pytest.skip("this process may not mount a tmpfs")
     task = _task(tmp_path, "fill")
     t0 = time.monotonic()
-    (res,) = _run(tmp_path, plan([task], [harness], 1), bwrap, disk_mode=mode,
+    # timeout_s 400: a rollout the cap did not end runs into the harness's timeout, never its 600 s sleep, and the
+    # runner's check after the harness ends would still call it disk_limit: only the time below tells them apart
+    (res,) = _run(tmp_path, plan([task], [harness], 1), bwrap, disk_mode=mode, timeout_s=400,
                   limits=Limits(workspace_mb=8, home_mb=8, memory_mb=512))
     assert res.status == "disk_limit", res
     assert ("workspace" if harness == "test_fill_workspace" else "HOME") in res.message
-    # ended by the cap, not by the harness's own end: it sleeps 60 s after writing (a bound tied to that, not to
-    # how fast a loaded machine is)
-    assert time.monotonic() - t0 < 55
+    # ended by the cap while the harness slept, not by its timeout (400 s) or its own end (600 s): the bound is
+    # tied to those, far from what the rollout takes on any machine (seconds), so a loaded one cannot miss it
+    assert time.monotonic() - t0 < 300, res
     assert not [m for m in _mount_points() if str(tmp_path) in m]  # the capped mounts are gone
 
 
