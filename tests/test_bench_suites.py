@@ -110,5 +110,5 @@ def test_suite_runs_tiny_through_the_launcher(name):
     assert last.startswith("BENCH "), r.stdout[-2000:]
     out = json.loads(last[len("BENCH "):])
     assert out["suite"] == name and keys <= set(out), sorted(keys - set(out))
-    if name == "viewer":  # a page answers well within a second (the tokenizer loads before the server answers)
-        assert out["page_ms_p50"] < 1000, out
+    if name == "viewer":  # every page answers within a second, the slowest (the first tree, warm-ups) included:
+        assert out["page_ms_p50"] < 1000 and out["page_ms_max"] < 1000, out  # the server warms before it answers

@@ -104,6 +104,14 @@ def get(url: str) -> tuple[int, str, str]:
     return asyncio.run(go())
 
 
+def get_with_headers(url: str) -> tuple[int, dict[str, str], str]:
+    async def go():
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            return r.status, dict(r.headers), await r.text(errors="replace")
+
+    return asyncio.run(go())
+
+
 def page(base: str, path: str) -> str:
     status, _, body = get(base + path)
     assert status == 200, body[-2000:]
@@ -134,6 +142,67 @@ def expected_segments(tree) -> int:
     gen, ends = tree.is_generated(), {c.end_node for c in tree.calls}
     return sum(1 for n in range(tree.num_nodes) if tree.parent[n] < 0 or kids[int(tree.parent[n])] != 1
                or int(tree.parent[n]) in ends or gen[n] != gen[int(tree.parent[n])])
+
+
+def rollouts_through(tree) -> list[set[str]]:
+    """Per node, the rollouts with a call whose token path (root .. the call's last token) holds it."""
+    out = [set() for _ in range(tree.num_nodes)]
+    for c in tree.calls:
+        n = int(c.end_node)
+        while n >= 0:
+            out[n].add(c.rollout_id)
+            n = int(tree.parent[n])
+    return out
+
+
+def check_segment_rewards(segs: list[dict], labels: dict[str, str], tree, reward: dict[str, float]) -> int:
+    """Each segment's reward in the tree's JSON is the mean reward (per RolloutResult) of the rollouts whose calls
+    pass through its nodes, and its rollouts are those; returns how many distinct segment rewards were seen."""
+    through = rollouts_through(tree)
+    for s in segs:
+        a, b = s["start"], s["start"] + s["len"] - 1
+        assert through[a] == through[b] and through[a], s  # a segment is a chain: the same rollouts throughout
+        assert sorted(labels[x] for x in s["rollouts"]) == sorted(through[a]), s
+        assert s["reward"] == pytest.approx(float(np.mean([reward[r] for r in through[a]])), abs=1e-4), s
+    return len({s["reward"] for s in segs})
+
+
+def verifier_rows(body: str) -> dict[str, float]:
+    """The rollout page's verifier sub-scores table as {key: value}; {} where the page says none."""
+    sec = re.search(r"<h2>verifier sub-scores</h2>(.*?)<h2>timings", body, re.S)[1]
+    if sec == '<p class="muted">none</p>':
+        return {}
+    rows = re.findall(r'<tr><td>([^<]*)</td><td><span class="num">([^<]*)</span></td></tr>', sec)
+    assert len(rows) == sec.count("<tr>") - 1, sec  # every row but the header is a key and a number
+    return {html.unescape(k): float(v) for k, v in rows}
+
+
+def shown_tool_calls(body: str) -> list[tuple[str, str]]:
+    """(name, arguments) of each tool-call block of the rollout page's transcript, in page order."""
+    blocks = re.findall(r'<div class="call">tool call <b>([^<]*)</b><pre>(.*?)</pre></div>', body, re.S)
+    assert len(blocks) == body.count('<div class="call">')
+    return [(html.unescape(n), html.unescape(a)) for n, a in blocks]
+
+
+def transcript_tool_calls(transcript: list) -> list[tuple[str, str]]:
+    """(name, the command or the JSON arguments) of each OpenAI-style tool call of a harness transcript."""
+    out = []
+    for m in transcript:
+        for c in m.get("tool_calls") or []:
+            args = json.loads(c["function"]["arguments"])
+            out.append((c["function"]["name"], args["command"] if set(args) == {"command"} else
+                        json.dumps(args, indent=1, ensure_ascii=False)))
+    return out
+
+
+def check_rollout_page(body: str, r: RolloutResult) -> int:
+    """The page's verifier sub-scores are the result's, and it has a tool-call block per transcript tool call
+    (name and command); returns the number of tool calls."""
+    assert verifier_rows(body) == pytest.approx(r.sub_scores, rel=5e-4, abs=1e-9)
+    assert set(verifier_rows(body)) == set(r.sub_scores)
+    want = transcript_tool_calls(r.meta["harness_meta"]["transcript"])
+    assert shown_tool_calls(body) == want
+    return len(want)
 
 
 def test_steps_list_every_rollout_of_the_run(workdir, url):
@@ -179,6 +248,8 @@ def test_group_tree_and_token_view_match_build_tree(workdir, url):
         assert [int(n) for _, n, _ in spans] == list(range(tree.num_nodes))
         assert [int(t) for _, _, t in spans] == tree.tokens.tolist()
         assert [k == "gen" for k, _, _ in spans] == tree.is_generated().tolist()
+        reward = {r.rollout_id: r.reward for r in ok}
+        check_segment_rewards(segs, data["labels"], tree, reward)
         (adv,) = rollout_advantages([tree], estimator="grpo")
         by_call = {ci: float(a) for ci, a in zip(tree.occ_call.tolist(), adv.tolist())}
         own = [s for s in segs if s["gen"] and len(s["ends"]) == 1]  # a call's own completion: its rollout's adv
@@ -257,6 +328,15 @@ def test_rollout_page_shows_transcript_verifier_and_calls(workdir, url):
         assert html.escape(m["content"]) in body
     for key in r.timings:
         assert f"<td>{key}</td>" in body
+    assert r.sub_scores == {} and '<h2>verifier sub-scores</h2><p class="muted">none</p>' in body  # make_file: none
+    check_rollout_page(body, r)
+    n_tools = 0  # every rollout of the run, the oracle's demos (tool calls) included
+    for src in ("rollouts", "demos/rollouts", "eval"):
+        for x in results(workdir / src / "results.jsonl"):
+            n_tools += check_rollout_page(page(url, f"/rollout?{q(source=src, id=x.rollout_id)}"), x)
+    demos = results(workdir / "demos" / "rollouts" / "results.jsonl")
+    assert n_tools >= len(demos) > 0 and all(transcript_tool_calls(x.meta["harness_meta"]["transcript"])
+                                             for x in demos)
     assert re.search(r'<table class="calls">.*?</table>', body, re.S)[0].count("<tr>") == n_calls + 1
     assert "harness logs" in body and "logs/stdout.txt" in body
     status, ctype, text = get(url + f"/file?{q(source='rollouts', id=r.rollout_id, path='logs/invocation.json')}")
@@ -369,6 +449,30 @@ def test_errors_are_precise_pages(url):
     r = subprocess.run([sys.executable, "-m", "launch.inspect", "--workdir=/nonexistent/run", "--port=0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "workdir /nonexistent/run does not exist" in r.stderr, r.stderr[-2000:]
+
+
+def test_pages_load_nothing_from_elsewhere(workdir, url):
+    """Offline, no CDN: every main view is served under a policy that allows nothing but inline style/script and
+    same-origin images, and no page names an external resource."""
+    r = results(workdir / "rollouts" / "results.jsonl")[0]
+    demo = results(workdir / "demos" / "rollouts" / "results.jsonl")[0]
+    views = ["/", f"/run?{q(run='.')}", "/rollouts", f"/step?{q(source='rollouts', step=0)}",
+             f"/rollout?{q(source='rollouts', id=r.rollout_id)}",
+             f"/rollout?{q(source='demos/rollouts', id=demo.rollout_id)}",
+             f"/group?{q(source='rollouts', group=r.group_id)}", "/heldout", "/metrics",
+             f"/metrics?{q(key='train:tree_s')}"]
+    external = re.compile(r"""(?:\bsrc|\bhref|\baction)\s*=\s*["']?\s*(?:https?:)?//"""
+                          r"""|url\(\s*["']?\s*(?:https?:)?//|@import""", re.I)
+    for path in [*views, "/no/such/page"]:
+        status, headers, body = get_with_headers(url + path)
+        assert status == (404 if path == "/no/such/page" else 200), path
+        csp = headers.get("Content-Security-Policy", "")
+        assert csp.startswith("default-src 'none'") and "http" not in csp, (path, csp)
+        assert 'src="http' not in body and 'href="http' not in body, path
+        assert not external.search(body), (path, external.search(body))
+    logs = f"/file?{q(source='rollouts', id=r.rollout_id, path='logs/stdout.txt')}"
+    status, headers, _ = get_with_headers(url + logs)
+    assert status == 200 and headers["Content-Security-Policy"].startswith("default-src 'none'")
 
 
 def test_viewer_follows_appended_lines_and_never_writes(workdir, tmp_path):
@@ -490,6 +594,22 @@ def test_large_run_is_paginated_and_reindexed_by_appended_bytes(tmp_path, monkey
         body = page(base, f"/group?{q(run='c_eval_out', source='.', group='eval00008/held001/reference')}")
         assert 'id="tree-data"' in body
         body = page(base, f"/rollout?{q(run='a', source='rollouts', id=rid)}")
+        train = results(tmp_path / "a" / "rollouts" / "results.jsonl")
+        first = train[0]
+        assert first.rollout_id == rid and first.status == "ok" and set(first.sub_scores) == {"file"}
+        assert check_rollout_page(body, first) == 1  # its verifier sub-score and its one bash call
+        assert "<tr><td>cause</td>" not in body and "<tr><td>why</td>" not in body  # an ok rollout: no attribution
+        failed = [x for x in train if x.status != "ok"]
+        assert failed and all((x.status, x.meta["cause"], x.meta["cause_why"]) == ("timeout", "policy", "timeout")
+                              for x in failed)
+        for x in failed[:2]:  # a failed rollout: its status and its attribution (cause, why) on its page
+            fbody = page(base, f"/rollout?{q(run='a', source='rollouts', id=x.rollout_id)}")
+            facts = re.search(r'<div class="row"><div><table class="">(.*?)</table>', fbody, re.S)[1]
+            rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>(.*?)</td></tr>", facts))
+            assert (rows["status"], rows["cause"], rows["why"]) == ("timeout", "policy", "timeout"), rows
+            assert "reward" not in rows and fbody.count('<span class="st-bad">timeout</span>') >= 1
+            assert re.search(r'<p><span class="st-bad">timeout</span> · <a href="/group\?', fbody)
+            assert check_rollout_page(fbody, x) == 1 and verifier_rows(fbody) == {}
         src = html.unescape(re.search(r'<img class="shot" alt="[^"]*" src="([^"]+)"', body)[1])
         status, ctype, _ = get(base + src)
         assert status == 200 and ctype == "image/png"
@@ -497,7 +617,6 @@ def test_large_run_is_paginated_and_reindexed_by_appended_bytes(tmp_path, monkey
                  for p in range(3)]
         assert sizes == [50, 50, n - 100]
         assert get(base + f"/rollouts?{q(run='a', page=3)}")[0] == 200  # past the end: an empty page
-        train = results(tmp_path / "a" / "rollouts" / "results.jsonl")
         for flt, want in [(dict(status="ok", rmin=0.5), lambda r: r.status == "ok" and r.reward >= 0.5),
                           (dict(status="timeout"), lambda r: r.status == "timeout"),
                           (dict(task="task01", rmax=0.5), lambda r: "task01" in r.group_id and r.reward is not None
@@ -512,6 +631,18 @@ def test_large_run_is_paginated_and_reindexed_by_appended_bytes(tmp_path, monkey
         body = page(base, f"/group?{q(run='a', source='rollouts', group=gid)}")
         assert f'data-nodes="{tree.num_nodes}" data-segments="{expected_segments(tree)}"' in body
         assert len(re.findall(r'<span class="tok ', body)) == tree.num_nodes
+        data = json.loads(re.search(r'<script type="application/json" id="tree-data">(.*?)</script>', body, re.S)[1])
+        reward = {r.rollout_id: r.reward for r in train}
+        assert sorted(reward[x] for x in {c.rollout_id for c in tree.calls}) == [0.0, 1.0, 1.0, 1.0]  # mixed
+        assert check_segment_rewards(data["segments"], data["labels"], tree, reward) >= 2
+        gid = failed[0].group_id  # a group with a timeout: the tree and its rewards are of its ok rollouts
+        ok = [r for r in train if r.group_id == gid and r.status == "ok"]
+        tree = build_tree([c for c in group_calls(tmp_path / "a" / "capture.jsonl")[gid]
+                           if c.rollout_id in {r.rollout_id for r in ok}], ok)
+        body = page(base, f"/group?{q(run='a', source='rollouts', group=gid)}")
+        assert f"<li>{failed[0].rollout_id}: status timeout</li>" in body
+        data = json.loads(re.search(r'<script type="application/json" id="tree-data">(.*?)</script>', body, re.S)[1])
+        assert len(ok) == 3 and check_segment_rewards(data["segments"], data["labels"], tree, reward) >= 1
         parsed = []
         real = I.parse_result
         monkeypatch.setattr(I, "parse_result", lambda line, off, src: parsed.append(off) or real(line, off, src))
