@@ -499,7 +499,7 @@ def _file_cap(limits: Limits) -> int:
 def _removed(report: dict) -> dict:
     """The sanitizer's report as kept with the result: what it removed or changed (empty lists dropped)."""
     return {k: v for k, v in report.items() if v and k in ("links", "special", "oversize", "modes", "errors",
-                                                              "truncated")}
+                                                              "truncated", "first_report_lost")}
 
 
 def _web_context(task: Task) -> WebContext | None:

@@ -17,6 +17,7 @@ import pytest
 from configs import qwen3_30b_a3b, qwen3_30b_a3b_gpu
 from research.models import moe
 from research.train.aot import GiB, aot_compile, format_report
+from research.trees import batch as fields
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GPU_MESH = {"data": 1, "fsdp": 1, "expert": 8, "tensor": 1}  # the model-only config's one-host mesh
@@ -149,8 +150,7 @@ def test_qwen3_vl_30b_a3b_grpo_step_lowers_with_16k_image_patches():
     it does not fit an H200 yet (docs/experiments/2026-12-07-vl-learner.md)."""
     (rep,) = _cli("configs/qwen3_vl_30b_a3b_gpu.py", "grpo", 16, "--image_patches=16384", "--nocompile")
     assert rep["mesh"] == RL_GPU_MESH and rep["num_layers"] == 48 and "peak_bytes" not in rep
-    assert {"pixels", "patch_frame", "mrope_positions", "visual_index", "ref_logp", "expert_ids"} <= set(
-        rep["batch_keys"])
+    assert set(fields.names(fields.VISUAL, fields.IMAGES)) | {"ref_logp", "expert_ids"} <= set(rep["batch_keys"])
     # the state holds both towers in fp32 + Adam: 31.87 GiB per device against the text model's 28.86 GiB (the
     # ~0.41B-param tower's 3.0 GiB, laid out by the same rules); measured, deterministic from the shardings
     assert rep["state_bytes_per_device"] == 34_223_062_128

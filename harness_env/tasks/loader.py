@@ -332,15 +332,19 @@ async def grade(sbx: Sandbox, task: Task, final_message: str = "", transcript: l
     imports nothing the agent planted in the workspace). `extra` (name -> host dir) is copied into that fresh
     reward/ too, after the agent is gone: a web task's app state (`env_state`). Raises RewardError."""
     rdir = f"{task.workspace_dir}/{REWARD_DIRNAME}"
-    res = await sbx.exec(sanitize.argv(task.workspace_dir, REWARD_DIRNAME, max_file_bytes, MAX_ENTRIES), cwd="/",
-                         env=dict(VERIFIER_ENV), timeout=timeout)
+    cmd = sanitize.argv(task.workspace_dir, REWARD_DIRNAME, max_file_bytes, MAX_ENTRIES)
+    res = await sbx.exec(cmd, cwd="/", env=dict(VERIFIER_ENV), timeout=timeout)
+    lost = res.ok and not res.stdout.strip()
+    if lost:  # exit 0 and no output at all: the docker exec stream dropped it (seen once on a loaded 2-core CI run);
+        # the sanitizer is idempotent (its first run already fixed the workspace), so a second run reports again
+        res = await sbx.exec(cmd, cwd="/", env=dict(VERIFIER_ENV), timeout=timeout)
     try:
         report = sanitize.parse_report(res.stdout)
     except ValueError as e:
         raise RewardError(f"sanitizing the workspace before grading: exit {res.exit_code} {res.stderr[-300:]!r} "
                           f"({e})") from None
     if sanitized is not None:
-        sanitized.update(report)
+        sanitized.update(report, **({"first_report_lost": True} if lost else {}))
     if report["truncated"]:
         raise RewardError(f"the workspace has more than {MAX_ENTRIES} entries: not graded")
     res = await sbx.exec(["/bin/sh", "-c", CLEAR_REWARD, "sh", rdir], cwd="/", timeout=timeout)
