@@ -11,6 +11,7 @@ one-frame clip). grid (1, h/patch, w/patch); placeholder tokens = h*w / (patch*m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -118,6 +119,17 @@ def preprocess(image: Image.Image, cfg: ImageProcessorConfig = ImageProcessorCon
     x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # blocks, in-block, C, ph, pw
     x = np.broadcast_to(x[:, :, :, :, :, None], x.shape[:5] + (t, p, p))
     return np.ascontiguousarray(x.reshape(gh * gw, 3 * t * p * p)), (1, gh, gw)
+
+
+def patch_rows(data: bytes, cfg: ImageProcessorConfig, grid: str, what: str) -> np.ndarray:
+    """The patch rows of encoded image `data`, which its record names as of `grid` ("TxHxW"): another grid means
+    another processor made the record, an error naming `what`."""
+    im, _ = decode(data, cfg)
+    with contextlib.closing(im):
+        px, thw = preprocess(im, cfg)
+    if "x".join(map(str, thw)) != grid:
+        raise ValueError(f"{what}: preprocessed to grid {thw}, its record says {grid}")
+    return px
 
 
 def num_tokens(grid: tuple[int, int, int], cfg: ImageProcessorConfig = ImageProcessorConfig()) -> int:

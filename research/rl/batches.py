@@ -14,7 +14,6 @@ learner's current weight version happens here, per step:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -53,12 +52,7 @@ class StepImages:
     def pixels(self, name: str) -> np.ndarray:
         """Patch rows of the image "SHA:TxHxW"; a grid other than the name's (another processor) is an error."""
         sha, _, grid = name.partition(":")
-        im, _ = ip.decode(self.load(sha), self.processor)
-        with contextlib.closing(im):
-            px, thw = ip.preprocess(im, self.processor)
-        if "x".join(map(str, thw)) != grid:
-            raise ValueError(f"image {sha}: this processor makes grid {thw}, the records say {grid}")
-        return px
+        return ip.patch_rows(self.load(sha), self.processor, grid, f"image {sha}")
 
     def fields(self, trees: list[GroupTree], packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The VISUAL row fields and the IMAGES fields of the step (each distinct image once); {} if none."""

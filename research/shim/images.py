@@ -102,13 +102,8 @@ class Vision:
             sha, _, grid = x.partition(":")
             hit = self._pixels.pop(sha, None)
             if hit is None:
-                data = self.store.get(sha)
-                im, _ = ip.decode(data, self.processor)
-                with contextlib.closing(im):
-                    px, thw = ip.preprocess(im, self.processor)
-                if "x".join(map(str, thw)) != grid:  # the marker was made by this processor from these bytes
-                    raise ValueError(f"image {sha}: preprocessed to grid {thw}, its marker says {grid}")
-                hit = (px, data)
+                data = self.store.get(sha)  # the marker was made by this processor from these bytes
+                hit = (ip.patch_rows(data, self.processor, grid, f"image {sha}"), data)
             self._pixels[sha] = hit  # most recently used last
             while len(self._pixels) > self.cache_images:
                 self._pixels.pop(next(iter(self._pixels)))
