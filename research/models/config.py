@@ -86,14 +86,15 @@ class ModelConfig:
         """Maximal runs of consecutive layers of the same kind: (is_moe, first_layer, count).
 
         Each run is one ``nn.scan`` (params ``layers_{run}``), so a uniform model (every real Qwen3) compiles
-        one layer body; a model mixing dense and sparse layers compiles one body per run. Each of a VL model's
-        first ``deepstack_layers`` layers is a run of its own (its DeepStack feature is added after it).
+        one layer body; a model mixing dense and sparse layers compiles one body per run. A VL model's DeepStack
+        layers stay inside their run (the scan body adds feature k after layer k): runs of their own would each
+        hold their own backward buffers, +109 GiB/device for Qwen3-VL-30B-A3B's step (docs/experiments/
+        2026-12-07-deepstack-in-scan.md).
         """
         runs: list[tuple[bool, int, int]] = []
         for i in range(self.num_layers):
             kind = self.layer_is_moe(i)
-            ends_deepstack = runs and runs[-1][1] + runs[-1][2] - 1 < self.deepstack_layers  # each DeepStack layer
-            if runs and runs[-1][0] == kind and not ends_deepstack:
+            if runs and runs[-1][0] == kind:
                 runs[-1] = (kind, runs[-1][1], runs[-1][2] + 1)
             else:
                 runs.append((kind, i, 1))

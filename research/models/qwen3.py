@@ -164,13 +164,17 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention + (MLP | MoE). Scan body: (x, per-layer inputs) -> (x, (routed ids, new cache))."""
+    """Pre-norm attention + (MLP | MoE). Scan body: (x, per-layer inputs) -> (x, (routed ids, new cache)).
+
+    `layer` is the layer's index in the model; `deep_KxBxTxD` (a VL model's DeepStack features at their slots, zero
+    elsewhere) adds feature `layer` after layers < K, so the DeepStack layers share their run's scan."""
 
     cfg: ModelConfig
     moe: bool
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids, subtree_end, expert_ids, kv_cache, slots, write):
+    def __call__(self, x, positions, segment_ids, subtree_end, expert_ids, kv_cache, slots, write, layer=None,
+                 deep_KxBxTxD=None):
         cfg = self.cfg
         h = RMSNorm(cfg.rms_norm_eps, "embed", cfg.param_dtype, name="input_norm")(x)
         a, new_cache = Attention(cfg, name="attn")(h, positions, segment_ids, subtree_end, kv_cache, slots, write)
@@ -181,7 +185,11 @@ class DecoderLayer(nn.Module):
         else:
             y = MLP(cfg, name="mlp")(h)
             ids = jnp.full(x.shape[:2] + (cfg.num_experts_per_tok,), -1, jnp.int32)
-        x = nn.with_logical_constraint(x + y, ("batch", "length", "act_embed"), rules=cfg.logical_rules)
+        x = x + y
+        if deep_KxBxTxD is not None:
+            K = deep_KxBxTxD.shape[0]
+            x = x + jnp.where(layer < K, deep_KxBxTxD[jnp.minimum(layer, K - 1)], 0).astype(x.dtype)
+        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"), rules=cfg.logical_rules)
         return x, (ids, new_cache)
 
 
@@ -196,7 +204,7 @@ def _scanned_layer(cfg: ModelConfig, moe: bool, length: int, name: str):
         body,
         variable_axes={"params": 0},
         split_rngs={"params": True},
-        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, nn.broadcast, nn.broadcast),
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
         length=length,
         metadata_params={nn.PARTITION_NAME: "layers"},
     )
@@ -241,6 +249,7 @@ class Qwen3(nn.Module):
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"), rules=cfg.logical_rules)
         if subtree_end_BxT is None and kv_cache is None:
             raise ValueError("subtree_end_BxT is required (use attention_ops.segment_subtree_end for sequences)")
+        deep = _deepstack_at_slots(cfg, visual_mask_BxT, deepstack_KxMxD, dt)
         ids_runs, k_runs, v_runs = [], [], []
         for r, (moe, first, n) in enumerate(cfg.layer_runs()):
             eids = None
@@ -248,12 +257,10 @@ class Qwen3(nn.Module):
                 eids = jnp.moveaxis(expert_ids_BxTxLxK[:, :, first : first + n], 2, 0)
             cache_r = None if kv_cache is None else (kv_cache.k[r], kv_cache.v[r])
             x, (ids, new_cache) = _scanned_layer(cfg, moe, n, f"layers_{r}")(
-                x, positions_BxT, segment_ids_BxT, subtree_end_BxT, eids, cache_r, cache_slots_B, cache_write_BxT
+                x, positions_BxT, segment_ids_BxT, subtree_end_BxT, eids, cache_r, cache_slots_B, cache_write_BxT,
+                jnp.arange(first, first + n, dtype=jnp.int32), None if deep is None or first >= deep.shape[0] else deep
             )
             ids_runs.append(ids)
-            if deepstack_KxMxD is not None and r < min(cfg.deepstack_layers, deepstack_KxMxD.shape[0]):
-                x = x + jnp.where(visual_mask_BxT[..., None], _at_visual(visual_mask_BxT, deepstack_KxMxD[r]), 0
-                                  ).astype(dt)  # runs 0..deepstack_layers-1 are one layer each (layer_runs)
             if new_cache is not None:
                 k_runs.append(new_cache[0])
                 v_runs.append(new_cache[1])
@@ -264,6 +271,15 @@ class Qwen3(nn.Module):
         if kv_cache is not None:
             aux["kv_cache"] = KVCache(k=tuple(k_runs), v=tuple(v_runs))
         return hidden, aux
+
+
+def _deepstack_at_slots(cfg: ModelConfig, mask_BxT, deep_KxMxD, dt) -> Float[Array, "K B T D"] | None:
+    """The first min(cfg.deepstack_layers, K) DeepStack features laid out at the image slots, zero elsewhere."""
+    if deep_KxMxD is None or min(cfg.deepstack_layers, deep_KxMxD.shape[0]) == 0:
+        return None
+    feats = [jnp.where(mask_BxT[..., None], _at_visual(mask_BxT, deep_KxMxD[k]), 0).astype(dt)
+             for k in range(min(cfg.deepstack_layers, deep_KxMxD.shape[0]))]
+    return jnp.stack(feats)
 
 
 def _at_visual(mask_BxT: Array, rows_MxD: Float[Array, "M D"]) -> Float[Array, "B T D"]:

@@ -52,6 +52,9 @@ class VisionConfig:
     # O(chunk x N) memory instead of the [heads, N, N] scores of every block (16 screenshots' 16k patches: 16 GiB
     # per block in fp32, kept for all 27 blocks by the scan's backward)
     attention_chunk: int = 1024
+    # recompute each block in the backward pass, keeping only its input: the tower runs on every device (a step's
+    # images are replicated), so what it saves is not divided by the mesh (16k patches: ~1 GiB instead of ~30)
+    remat: bool = True
 
     def __post_init__(self):
         side = int(round(self.num_position_embeddings ** 0.5))
@@ -197,7 +200,9 @@ class VisionTower(nn.Module):
         frame = jnp.asarray(grid.frame_N)
         deep = []
         for r, (first, n) in enumerate(cfg.block_runs()):
-            scan = nn.scan(VisionBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+            body = nn.remat(VisionBlock, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False) \
+                if cfg.remat else VisionBlock
+            scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
                            in_axes=(nn.broadcast, nn.broadcast), length=n,
                            metadata_params={nn.PARTITION_NAME: "layers"})
             x, _ = scan(cfg, name=f"blocks_{r}")(x, angles, frame)
