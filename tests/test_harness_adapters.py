@@ -28,11 +28,12 @@ def fixture(name: str) -> types.SimpleNamespace:
 
 def test_registry_has_all_builtins():
     # Other test modules register throw-away harnesses in the same registry: check the built-ins only.
-    assert set(BUILTIN) == {"claude_code", "codex", "openclaw", "opencode", "reference", "browser_use"} \
-        <= set(harness_names())
+    assert set(BUILTIN) == {"claude_code", "codex", "openclaw", "opencode", "reference", "browser_use",
+                            "browser_use_vision"} <= set(harness_names())
     apis = {n: get_harness(n).api for n in BUILTIN}
     assert apis == {"claude_code": "anthropic_messages", "codex": "openai_responses", "openclaw": "openai_chat",
-                    "opencode": "openai_chat", "reference": "openai_chat", "browser_use": "openai_chat"}
+                    "opencode": "openai_chat", "reference": "openai_chat", "browser_use": "openai_chat",
+                    "browser_use_vision": "openai_chat"}
 
 
 @pytest.mark.parametrize("name", ["claude_code", "codex", "opencode", "openclaw"])

@@ -309,7 +309,7 @@ def check_context(harnesses: list[str], max_len: int) -> None:
                              f"~{get_harness(h).first_request_tokens} tokens); {context_for([h])} would fit")
 
 
-BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw", "browser_use")
+BUILTIN = ("reference", "claude_code", "codex", "opencode", "openclaw", "browser_use", "browser_use_vision")
 # Modules of this package that are infrastructure, not adapters.
 _NOT_ADAPTERS = {"base", "install", "local", "mock_endpoint", "scripted", "reference_agent", "verify"}
 

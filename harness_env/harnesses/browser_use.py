@@ -5,7 +5,10 @@ Installed pinned into its own venv over the system Python (install.PyPackage; CI
 (its documented `Agent(task, llm).run()`, unmodified) on Debian's headless Chromium. Telemetry, cloud
 sync, version checks and default extensions are off (`ANONYMIZED_TELEMETRY=false`, ...). The policy
 answers in browser-use's own JSON action format (schema in its system prompt); it sees each page as
-browser-use's indexed element list (text), never a screenshot. Output: the driver's last JSON line
+browser-use's indexed element list (text). `browser_use_vision` is the same agent with its documented
+`use_vision=True`: each step's screenshot also goes to the policy, as an OpenAI `image_url` part (a vision
+policy's shim renders it as image tokens and stores it by content; a text policy's sees "[image omitted]").
+Output: the driver's last JSON line
 `{"type": "hrl_browser_use_result", "done", "success", "final", "steps", "errors", "urls"}`.
 """
 
@@ -37,6 +40,7 @@ class BrowserUse(Harness):
     api = "openai_chat"
     first_request_tokens = 12000  # ~12k per call on the web tasks (Qwen3 template)
     browser = "only"
+    vision = False  # screenshots to the policy (browser-use's use_vision)
     py_package = PyPackage("browser-use", "0.13.14")
     log_globs = (".config/browseruse/**/*.log",)
 
@@ -62,6 +66,7 @@ class BrowserUse(Harness):
             "HRL_SCREENSHOTS": ctx.web.screenshots_dir, "HRL_STEPS": ctx.web.steps_log,
             "HRL_MAX_STEPS": str(ctx.max_turns), "HRL_CHROMIUM": web_browser.CHROMIUM,
             "HRL_CHROMIUM_ARGS": json.dumps(list(web_browser.CHROMIUM_ARGS)),
+            "HRL_USE_VISION": "true" if self.vision else "false",
             "ANONYMIZED_TELEMETRY": "false", "BROWSER_USE_CLOUD_SYNC": "false", "BROWSER_USE_VERSION_CHECK": "false",
             "BROWSER_USE_CLOUD_HINTS": "false", "BROWSER_USE_SETUP_LOGGING": "true",
             "BROWSER_USE_LOGGING_LEVEL": "info",
@@ -88,3 +93,12 @@ class BrowserUse(Harness):
         return HarnessOutcome(completed=ok, exit_code=result.exit_code, final_message=str(r.get("final") or ""),
                               error=error, num_turns=r.get("steps"),
                               meta={k: r.get(k) for k in ("success", "errors", "urls")})
+
+
+@register
+class BrowserUseVision(BrowserUse):
+    """browser-use with its screenshots sent to the policy (`use_vision=True`): for a vision-language policy."""
+
+    name = "browser_use_vision"
+    vision = True
+    first_request_tokens = 13000  # the text prompt + one 1280x800 screenshot (1,000 image tokens at patch 16, 2x2)

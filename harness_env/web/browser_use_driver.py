@@ -3,7 +3,9 @@
 browser-use is a library (its `Agent(task, llm).run()` is the agent loop), so its "CLI" is these few
 lines of documented public API, nothing patched: the OpenAI-compatible `ChatOpenAI` pointed at the shim
 session, the system Chromium (harness_env/web/browser.py flags) headless in an in-memory profile, text
-only (`use_vision=False`: the policy reads browser-use's element list, not pixels), the JSON schema of
+only by default (`use_vision=False`: the policy reads browser-use's element list, not pixels) or with
+HRL_USE_VISION=true its documented `use_vision=True` (each step's screenshot goes to the policy as an
+OpenAI `image_url` part, beside the element list), the JSON schema of
 its action output in the system prompt (`add_schema_to_system_prompt`: the shim has no constrained
 decoding), no judge / cloud / telemetry side calls. After every step the page is screenshotted into
 $HRL_SCREENSHOTS/step_NNN.png and the step's actions, errors and URL appended to $HRL_STEPS. The
@@ -11,7 +13,7 @@ result is printed as one JSON line `{"type": "hrl_browser_use_result", ...}` for
 
 Configured by environment (the adapter sets it): HRL_BASE_URL (OpenAI base, with /v1), HRL_API_KEY,
 HRL_MODEL, HRL_START_URL, HRL_ORIGINS (comma-separated), HRL_SCREENSHOTS, HRL_STEPS, HRL_MAX_STEPS,
-HRL_CHROMIUM, HRL_CHROMIUM_ARGS (JSON list). The task text is argv[1].
+HRL_CHROMIUM, HRL_CHROMIUM_ARGS (JSON list), HRL_USE_VISION (true/false). The task text is argv[1].
 """
 
 import asyncio
@@ -34,6 +36,13 @@ def _step_record(agent, t0: float) -> dict:
             "t": round(time.monotonic() - t0, 3), "screenshot": None}
 
 
+def _use_vision() -> bool:
+    v = os.environ.get("HRL_USE_VISION", "false").lower()
+    if v not in ("true", "false"):
+        raise SystemExit(f"HRL_USE_VISION={v!r}: expected true or false")
+    return v == "true"
+
+
 async def run(task: str) -> dict:
     from browser_use import Agent, BrowserProfile, BrowserSession, ChatOpenAI
 
@@ -49,7 +58,7 @@ async def run(task: str) -> dict:
                              enable_default_extensions=False, viewport={"width": 1280, "height": 800},
                              keep_alive=False)
     session = BrowserSession(browser_profile=profile)
-    agent = Agent(task=task, llm=llm, browser_session=session, use_vision=False, use_judge=False,
+    agent = Agent(task=task, llm=llm, browser_session=session, use_vision=_use_vision(), use_judge=False,
                   calculate_cost=False, generate_gif=False, enable_signal_handler=False)
     t0 = time.monotonic()
 
