@@ -4,6 +4,8 @@
   web      --split train|heldout|all [--n N] [--seed S] [--per-template K] [--validate] --out DIR
                                                                      write web family tasks (validated: plan
                                                                      1.0, nothing 0.0, mistake 0.0)
+  visual   (the same options)                                        write visual web family tasks (the answer
+                                                                     is on the screen only)
   synth    [--seeds DIR] --per-seed N [--seed S] --out DIR           validated variants of the seed tasks
   validate DIR [--jsonl FILE] [--concurrency N] [--emptied]          reference solution (if any) 1.0, empty < 1.0,
                                                                      the untouched workspace grades without error
@@ -108,11 +110,12 @@ def _audit(root: pathlib.Path, out: pathlib.Path | None) -> int:
 
 
 def _web(a) -> int:  # noqa: ANN001
-    from harness_env.tasks import web_family
+    from harness_env.tasks import visual_family, web_family
     from harness_env.web.validate import validate
 
-    dirs = web_family.generate(a.out, a.split, a.n, a.seed, per_template=a.per_template)
-    print(f"wrote {len(dirs)} {a.split} web tasks to {a.out}")
+    fam = visual_family if a.cmd == "visual" else web_family
+    dirs = fam.generate(a.out, a.split, a.n, a.seed, per_template=a.per_template)
+    print(f"wrote {len(dirs)} {a.split} {a.cmd} tasks to {a.out}")
     if not a.validate:
         return 0
     bad = 0
@@ -133,13 +136,14 @@ def main(argv: list[str]) -> int:
     f.add_argument("--n", type=int, default=None)
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--out", required=True, type=pathlib.Path)
-    w = sub.add_parser("web")
-    w.add_argument("--split", default="train", choices=["train", "heldout", "all"])
-    w.add_argument("--n", type=int, default=None)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--per-template", type=int, default=10)
-    w.add_argument("--validate", action="store_true")
-    w.add_argument("--out", required=True, type=pathlib.Path)
+    for name, per_template in (("web", 10), ("visual", 20)):
+        w = sub.add_parser(name)
+        w.add_argument("--split", default="train", choices=["train", "heldout", "all"])
+        w.add_argument("--n", type=int, default=None)
+        w.add_argument("--seed", type=int, default=0)
+        w.add_argument("--per-template", type=int, default=per_template)
+        w.add_argument("--validate", action="store_true")
+        w.add_argument("--out", required=True, type=pathlib.Path)
     s = sub.add_parser("synth")
     s.add_argument("--seeds", type=pathlib.Path, default=LIBRARY)
     s.add_argument("--per-seed", type=int, default=3)
@@ -160,7 +164,7 @@ def main(argv: list[str]) -> int:
         dirs = family.generate(a.out, a.split, a.n, a.seed)
         print(f"wrote {len(dirs)} {a.split} tasks to {a.out}")
         return 0
-    if a.cmd == "web":
+    if a.cmd in ("web", "visual"):
         return _web(a)
     if a.cmd == "synth":
         seeds = [d for d in discover(a.seeds) if synth.is_seed(d)]

@@ -1,7 +1,8 @@
 """Which tasks a run uses: the one task-selection function behind `launch.eval` and the RL loop.
 
 A source is `library` (ours), `make_file` / `family` (the generated make_file family), `web` (the generated
-web task family: 14 templates x 10 variants, its own split by variant), `relay` (the two-call family that CLIs
+web task family: 14 templates x 10 variants, its own split by variant), `visual` (web tasks whose answer is on
+the screen only: 3 templates x 20 variants), `relay` (the two-call family that CLIs
 learn through, split by task number), `recover` (its error-recovery variant), or a folder of
 ClawGym-format tasks (e.g. ../shared/clawgym/train, 2000 real tasks). A folder is split into train /
 held-out by a seeded hash of each task's folder name: stable when tasks are added or removed, different
@@ -17,7 +18,7 @@ import hashlib
 import pathlib
 import random
 
-from harness_env.tasks import family, recover, relay, web_family
+from harness_env.tasks import family, recover, relay, visual_family, web_family
 from harness_env.tasks.loader import TaskError, discover
 
 LIBRARY = pathlib.Path(__file__).with_name("library")
@@ -26,7 +27,9 @@ FAMILY = ("make_file", "family")
 WEB = "web"  # the web task family (harness_env/tasks/web_family.py), generated like the make_file family
 RELAY = "relay"  # the two-call relay family (harness_env/tasks/relay.py), split by task number
 RECOVER = "recover"  # the error-recovery family (harness_env/tasks/recover.py), split by task number
-_GENERATED = {"make_file": family, "family": family, WEB: web_family, RELAY: relay, RECOVER: recover}
+VISUAL = "visual"  # web tasks whose answer is on the screen only (harness_env/tasks/visual_family.py)
+_GENERATED = {"make_file": family, "family": family, WEB: web_family, RELAY: relay, RECOVER: recover,
+              VISUAL: visual_family}
 
 
 def oracle_reply(prompt_text: str) -> str:
@@ -60,7 +63,8 @@ def select_tasks(source: str, *, split: str = "all", seed: int = 0, heldout_frac
     if source in _GENERATED:
         if scratch is None:
             raise TaskError(f"the {source} family needs a scratch dir to be generated into")
-        sub = {WEB: "web_tasks", RELAY: "relay_tasks", RECOVER: "recover_tasks"}.get(source, "tasks")
+        sub = {WEB: "web_tasks", RELAY: "relay_tasks", RECOVER: "recover_tasks", VISUAL: "visual_tasks"}.get(
+            source, "tasks")
         out = pathlib.Path(scratch) / sub / split
         if not out.is_dir() or not any(out.iterdir()):
             _GENERATED[source].generate(out, split=split, seed=seed)

@@ -477,19 +477,18 @@ def task_id(template: str, index: int) -> str:
 
 
 def write_task(out_dir: str | pathlib.Path, template: str, index: int) -> pathlib.Path:
-    v = variant(template, index)
-    tid = task_id(template, index)
+    meta = {"category": CATEGORY, "template": template, "index": index, "split": split_of(template, index)}
+    return write_site_task(out_dir, task_id(template, index), variant(template, index), meta)
+
+
+def write_site_task(out_dir: str | pathlib.Path, tid: str, v: dict, metadata: dict) -> pathlib.Path:
+    """A task folder serving the site app with `v` (site, query, checks, plan, wrong): the web family's and the
+    visual family's (harness_env/tasks/visual_family.py) writer."""
     d = new_task_dir(out_dir, tid, ("env", "reward", "solution"))
     entry = {
         "task_id": tid,
         "user_query": v["query"] + " When you are done, reply with a one-line summary.",
-        "metadata": {
-            "category": CATEGORY,
-            "template": template,
-            "index": index,
-            "split": split_of(template, index),
-            "start_url": START + "/",
-        },
+        "metadata": {**metadata, "start_url": START + "/"},
     }
     (d / "data_entry.json").write_text(json.dumps(entry, indent=2) + "\n")
     shutil.copyfile(APP_SOURCE, d / "env" / "app.py")
@@ -518,10 +517,15 @@ def generate(
 ) -> list[pathlib.Path]:
     """Writes n tasks of `split` (all of them when None) drawn from `per_template` variants of every template,
     in an order shuffled by `seed` (round-robin over templates first, so a small n still covers them)."""
-    vs = variants(split, per_template)
+    order = round_robin(variants(split, per_template), seed, per_template)
+    return [write_task(out_dir, t, i) for t, i in order[: n if n is not None else len(order)]]
+
+
+def round_robin(vs: list[tuple[str, int]], seed: int, per_template: int) -> list[tuple[str, int]]:
+    """(template, index) pairs shuffled by `seed`, then taken round-robin over templates."""
+    vs = list(vs)
     random.Random(seed).shuffle(vs)
     by_t: dict[str, list[int]] = {}
     for t, i in vs:
         by_t.setdefault(t, []).append(i)
-    order = [(t, idx[r]) for r in range(per_template) for t, idx in sorted(by_t.items()) if r < len(idx)]
-    return [write_task(out_dir, t, i) for t, i in order[: n if n is not None else len(order)]]
+    return [(t, idx[r]) for r in range(per_template) for t, idx in sorted(by_t.items()) if r < len(idx)]

@@ -14,6 +14,7 @@ import re
 import threading
 
 from .render import Reply, esc, link
+from .style import head_style, logo
 
 LOG_LIMIT = 5000  # requests kept in the state's log (the rest counted): an agent must not grow it unbounded
 
@@ -37,7 +38,8 @@ class SiteBase:
         alert = f'<div role="alert"><p>{esc(error)}</p></div>' if error else ""
         doc = (
             f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(heading)} - {esc(self.title)}'
-            f'</title></head><body><header><p>{esc(self.title)}</p><nav aria-label="Main">{nav}</nav></header>'
+            f'</title>{head_style(self.title)}</head><body><header>{logo(self.title)}<p>{esc(self.title)}</p>'
+            f'<nav aria-label="Main">{nav}</nav></header>'
             f"<main><h1>{esc(heading)}</h1>{alert}{body}</main></body></html>"
         )
         return Reply(status, doc)
@@ -147,6 +149,9 @@ ROUTES = {
         ("POST", "/survey", "survey_post"),
         ("GET", "/survey/thanks", "survey_thanks"),
     ],
+    "palette": [("GET", "/", "swatches"), ("POST", r"/swatch/(\d+)", "swatch_pick")],
+    "servers": [("GET", "/", "servers"), ("POST", r"/servers/(\d+)/restart", "server_restart")],
+    "icons": [("GET", "/", "icons"), ("POST", r"/icon/(\d+)", "icon_pick")],
     "orders": [
         ("GET", "/orders", "orders"),
         ("GET", r"/orders/(\d+)", "order_get"),
@@ -165,4 +170,7 @@ NAV = {
     "admin": [("/", "Home"), ("/users", "Manage users")],
     "survey": [("/", "Home"), ("/survey", "Take the survey")],
     "orders": [("/", "Home"), ("/orders", "Orders")],
+    "palette": [("/", "Swatches")],
+    "servers": [("/", "Servers")],
+    "icons": [("/", "Icons")],
 }
