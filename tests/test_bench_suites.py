@@ -57,6 +57,8 @@ TINY = {
     "harness_tree": (["harnesses=codex", "group=2"],
                      {"codex_first_prompt", "codex_flat_tokens", "codex_tree_tokens", "codex_tree_vs_flat",
                       "codex_vs_reference", "reference_tree_vs_flat"}),
+    "screenshot_tree": (["group=2"], {"vision_tree_vs_flat", "vision_images_flat", "vision_images_tree",
+                                      "vision_image_tokens_per_call", "text_tree_vs_flat", "vision_vs_text"}),
     # the attention part also parses a JSON list option; train_step (~50 s here) runs in tests/test_gpu_check.py
     "gpu_check": (['parts=["env","attention"]'],
                   {"backend", "device_count", "ok", "auto_impl", "pallas_mode", "pallas_lowers_cuda",
@@ -73,6 +75,7 @@ COVERED = {
     "engine": "tests/test_engine_bench.py",
     "shim": "tests/test_shim_bench.py",
     "harness_tree": "tests/test_bench_harness_tree.py",
+    "screenshot_tree": "tests/test_browser_use_vision.py",
     "gpu_check": "tests/test_gpu_check.py",
     "learning": "tests/test_rl_learning.py",
     "multihost": "tests/test_multihost.py",

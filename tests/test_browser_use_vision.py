@@ -71,3 +71,21 @@ def test_browser_use_with_vision_sends_each_screenshot_as_image_tokens(tmp_path,
     assert tree.num_nodes < sum(len(c.prompt_ids) + len(c.completion_ids) for c in seen)
     print(f"\n[browser-use vision] {len(seen)} calls, {len(shas)} distinct screenshots, "
           f"{sum(c.prompt_ids.count(pad) for c in seen)} image tokens; control {len(blind)} calls")
+
+
+@pytest.mark.timeout(900)
+def test_screenshot_tree_bench_keys_and_savings(qwen3_tokenizer_dir):
+    """`launch.bench --suite=screenshot_tree` at group 4: its keys, the tower runs once per distinct screenshot
+    (fewer than a flat trainer's one per image per call), 1,000 image tokens per 1280x800 screenshot, and the
+    text-only peer sends none."""
+    from harness_env.benchmarks import screenshot_tree
+
+    if not browser.chromium_available()[0]:
+        pytest.skip("no Chromium")
+    r = screenshot_tree.run(group=4, tokenizer_dir=str(qwen3_tokenizer_dir))
+    keys = {"flat_tokens", "tree_tokens", "tree_vs_flat", "images_flat", "images_tree", "image_tokens_per_call",
+            "calls", "first_prompt", "reward_mean"}
+    assert {f"{p}_{k}" for p in ("vision", "text") for k in keys} | {"vision_vs_text"} <= set(r)
+    assert r["vision_image_tokens_per_call"] == 1000.0 and r["text_images_flat"] == 0
+    assert 2 <= r["vision_images_tree"] < r["vision_images_flat"]
+    assert r["vision_tree_vs_flat"] > 2 and r["text_tree_vs_flat"] > 2
