@@ -33,6 +33,8 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from harness_env import attribution, tamper, workspace_changes
+from harness_env.desktop import rollout as desktop
+from harness_env.desktop.session import DesktopError
 from harness_env.harnesses.base import Harness, HarnessError, SessionContext, WebContext, get_harness
 from harness_env.sandbox import disk
 from harness_env.sandbox.backends import get_backend
@@ -292,7 +294,11 @@ class Runner:
                              max_turns=self.cfg.max_turns,
                              context_window=getattr(getattr(self.gateway, "engine", None), "max_context", 32768),
                              web=_web_context(task))
-        session_open, sbx, app = True, None, None
+        session_open, sbx, app, desk = True, None, None, None
+        try:
+            desk_spec = desktop.desktop_spec(task.metadata)
+        except ValueError as e:
+            return RolloutResult(**base, status="task_error", message=str(e))
         try:
             try:
                 await harness.prepare(home, ctx)
@@ -308,10 +314,19 @@ class Runner:
             except SandboxError as e:
                 raise _Infra(str(e)) from e
             timings["sandbox_start_s"] = time.monotonic() - t
+            env = harness.env(ctx)
+            if desk_spec is not None:  # the task's desktop, before the agent: its DISPLAY goes to the harness
+                try:
+                    desk = await desktop.start(sbx, desk_spec, timings)
+                except DesktopError as e:
+                    raise _Infra(f"starting the desktop: {e}") from e
+                env = {**env, **desk.env()}
             t = time.monotonic()
-            res = await self._watched(sbx.exec(harness.argv(task.user_query, ctx), env=harness.env(ctx),
+            res = await self._watched(sbx.exec(harness.argv(task.user_query, ctx), env=env,
                                                cwd=task.workspace_dir, timeout=self.cfg.timeout_s), caps)
             timings["harness_s"] = time.monotonic() - t
+            if desk is not None:  # the final screen kept, every desktop process stopped, before grading
+                meta["desktop"] = await desktop.finish(desk, self._rollout_dir(spec) / "logs")
             records = await self.gateway.close_session(session.session_id)
             session_open = False
             meta.update(calls=len(records))
@@ -350,6 +365,9 @@ class Runner:
                 raise _DiskLimit(await asyncio.to_thread(_disk_message, caps, res))
             return await self._judge(spec, task, harness, res, base, caps, extra)
         finally:
+            if desk is not None and not desk.closed:
+                with contextlib.suppress(Exception):  # the sandbox's close below ends it anyway
+                    await desk.close()
             if sbx is not None:
                 await sbx.close()
             if app is not None:

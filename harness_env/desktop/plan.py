@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 
 from harness_env.desktop.session import DesktopError, DesktopSession
 
@@ -100,3 +101,52 @@ def activate(name: str) -> dict:
 def exact_title(title: str) -> str:
     """A wait_window regex matching exactly this window title."""
     return "^" + re.escape(title) + "$"
+
+
+# --- the same plan as one shell script: what an agent with a shell and xdotool would run ----------------------
+_SH_HELPERS = """set -e
+waitw() { for _ in $(seq $(( ${2%.*} * 10 ))); do xdotool search --onlyvisible --name "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "window $1 not shown" >&2; return 1; }
+gonew() { for _ in $(seq $(( ${2%.*} * 10 ))); do xdotool search --onlyvisible --name "$1" >/dev/null 2>&1 || return 0; sleep 0.1; done; echo "window $1 still there" >&2; return 1; }
+waitf() { for _ in $(seq $(( ${2%.*} * 10 ))); do [ -e "$1" ] && return 0; sleep 0.1; done; echo "$1 not written" >&2; return 1; }
+gonef() { for _ in $(seq $(( ${2%.*} * 10 ))); do [ -e "$1" ] || return 0; sleep 0.1; done; echo "$1 still exists" >&2; return 1; }
+act() { waitw "$1" 15; xdotool windowactivate --sync "$(xdotool search --onlyvisible --name "$1" | head -n 1)"; }
+"""  # noqa: E501 - shell one-liners
+
+
+def shell_script(plan: list[dict], workspace: str) -> str:
+    """`plan` as a bash script of xdotool calls against $DISPLAY, step for step what `run_step` does through a
+    `DesktopSession`: how a shell-driving agent acts on the desktop the runner started for its task."""
+    q = shlex.quote
+    out = [_SH_HELPERS]
+    for step in plan:
+        s = {k: _fill(v, workspace) for k, v in step.items()}
+        op = s.get("op")
+        if op == "key":
+            out.append(f"xdotool key --delay {s.get('delay_ms', 40)} {' '.join(q(k) for k in s['keys'])}")
+        elif op == "type":
+            for i, line in enumerate(s["text"].split("\n")):  # newlines as Return presses, as type_text does
+                out += ["xdotool key Return"] if i else []
+                out += [f"xdotool type --delay 8 -- {q(line)}"] if line else []
+        elif op in ("click", "double_click"):
+            rep = 2 if op == "double_click" else 1
+            out.append(f"xdotool mousemove --sync {int(s['x'])} {int(s['y'])} click --repeat {rep} --delay 80 "
+                       f"{s.get('button', 1)}")
+        elif op == "drag":
+            (x0, y0), (x1, y1) = s["from"], s["to"]
+            out.append(f"xdotool mousemove --sync {x0} {y0} mousedown 1 sleep 0.1 mousemove --sync {x1} {y1} "
+                       "sleep 0.1 mouseup 1")
+        elif op == "scroll":
+            n = int(s["clicks"])
+            out.append(f"xdotool mousemove --sync {s['x']} {s['y']} click --repeat {abs(n)} --delay 80 "
+                       f"{5 if n > 0 else 4}")
+        elif op == "sleep":
+            out.append(f"sleep {float(s['s'])}")
+        elif op in ("wait_window", "wait_gone"):
+            out.append(f"{'waitw' if op == 'wait_window' else 'gonew'} {q(s['name'])} {s.get('timeout_s', 15.0)}")
+        elif op in ("wait_file", "wait_file_gone"):
+            out.append(f"{'waitf' if op == 'wait_file' else 'gonef'} {q(s['path'])} {s.get('timeout_s', 10.0)}")
+        elif op == "activate":
+            out.append(f"act {q(s['name'])}")
+        else:
+            raise DesktopError(f"unknown plan op {op!r}; known: {', '.join(OPS)}")
+    return "\n".join(out) + "\necho plan done\n"
