@@ -69,6 +69,8 @@ def get_config(arg: str = "codex") -> ml_collections.ConfigDict:
     # a shell call in a CLI's own tool format (Codex `exec_command{cmd}`): ~30 tokens
     config.rollout.update(groups_per_step=4, group_size=4, max_turns=4, temperature=1.0, max_new_tokens=64,
                           timeout_s=300, concurrency=4, max_extra_rounds=1)
+    if "openclaw" in names:  # Node, ~60 bundled plugins and SQLite workers: every rollout OOM-killed at 1 GiB
+        config.rollout.sandbox_memory_mb = 3072  # (exit 137 in 64 of 64 relay demonstrations, 2026-12-07)
     max_len = tight_context(names) + PATH_ROOM
     check_context(names, max_len)
     config.engine.update(max_len=max_len, prefill_chunk=1024, num_slots=4)
