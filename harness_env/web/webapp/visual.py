@@ -18,9 +18,19 @@ SHAPES = {  # inline SVG bodies on a 48x48 canvas
 }
 
 
-def _choose(what: str, n: int) -> str:
-    """The card's button (named by position only) and the card's end."""
-    return action_button(f"/{what}/{n}", f"Choose {what} {n}") + "</div>"
+def _swatch(item: dict) -> str:
+    return f'<span class="swatch" aria-hidden="true" style="background:{esc(item["rgb"])}"></span>'
+
+
+def _icon(item: dict) -> str:
+    return (f'<svg class="icon" aria-hidden="true" width="64" height="64" viewBox="0 0 48 48" '
+            f'fill="{esc(item["rgb"])}">{SHAPES[item["shape"]]}</svg>')
+
+
+def _card(what: str, item: dict, drawing) -> str:  # noqa: ANN001 - item -> HTML
+    """One card: the item drawn, and its button, named by position only."""
+    n = item["id"]
+    return f'<div class="card">{drawing(item)}' + action_button(f"/{what}/{n}", f"Choose {what} {n}") + "</div>"
 
 
 class VisualPages:
@@ -29,19 +39,34 @@ class VisualPages:
     def _done_note(self, text: str) -> str:
         return f'<p class="note" role="status">{esc(text)}</p>' if text else ""
 
-    # ---- palette: choose a swatch ---------------------------------------------------------------------
+    def _item(self, items: str, iid: str, what: str) -> dict:
+        """config[items]'s item of id `iid`, else a 404 page naming `what`."""
+        found = next((i for i in self.config[items] if str(i["id"]) == iid), None)
+        if found is None:
+            raise self.page("Not found", "", 404, f"No such {what}.")
+        return found
+
+    # ---- palette and icons: choose one card, each drawn and named by its position only -----------------------
+    def _cards(self, heading: str, items: str, what: str, drawing) -> None:  # noqa: ANN001 - item -> HTML
+        cards = "".join(_card(what, i, drawing) for i in self.config[items])
+        note = self._done_note(f"You chose {what} {self.data['chosen'][-1]}." if self.data["chosen"] else "")
+        raise self.page(heading, f'{note}<div class="grid">{cards}</div>')
+
+    def _choose(self, items: str, iid: str, what: str) -> None:
+        self.data["chosen"].append(self._item(items, iid, what)["id"])
+        raise redirect("/")
+
     def swatches(self):
-        cards = "".join(
-            f'<div class="card"><span class="swatch" aria-hidden="true" style="background:{esc(s["rgb"])}"></span>'
-            + _choose("swatch", s["id"]) for s in self.config["swatches"])
-        note = self._done_note(f"You chose swatch {self.data['chosen'][-1]}." if self.data["chosen"] else "")
-        raise self.page("Pick a colour", f'{note}<div class="grid">{cards}</div>')
+        self._cards("Pick a colour", "swatches", "swatch", _swatch)
 
     def swatch_pick(self, sid):
-        if not any(str(s["id"]) == sid for s in self.config["swatches"]):
-            raise self.page("Not found", "", 404, "No such swatch.")
-        self.data["chosen"].append(int(sid))
-        raise redirect("/")
+        self._choose("swatches", sid, "swatch")
+
+    def icons(self):
+        self._cards("Pick an icon", "icons", "icon", _icon)
+
+    def icon_pick(self, iid):
+        self._choose("icons", iid, "icon")
 
     # ---- servers: restart the ones whose light shows a state --------------------------------------------
     def servers(self):
@@ -54,22 +79,6 @@ class VisualPages:
         raise self.page("Servers", note + table(["Server", "Status", "Action"], rows))
 
     def server_restart(self, sid):
-        if not any(str(s["id"]) == sid for s in self.config["servers"]):
-            raise self.page("Not found", "", 404, "No such server.")
-        self.data["restarted"] = sorted(set(self.data["restarted"]) | {int(sid)})  # a set: the order is not the task
-        raise redirect("/")
-
-    # ---- icons: choose the one of a shape --------------------------------------------------------------
-    def icons(self):
-        cards = "".join(
-            f'<div class="card"><svg class="icon" aria-hidden="true" width="64" height="64" viewBox="0 0 48 48" '
-            f'fill="{esc(i["rgb"])}">{SHAPES[i["shape"]]}</svg>'
-            + _choose("icon", i["id"]) for i in self.config["icons"])
-        note = self._done_note(f"You chose icon {self.data['chosen'][-1]}." if self.data["chosen"] else "")
-        raise self.page("Pick an icon", f'{note}<div class="grid">{cards}</div>')
-
-    def icon_pick(self, iid):
-        if not any(str(i["id"]) == iid for i in self.config["icons"]):
-            raise self.page("Not found", "", 404, "No such icon.")
-        self.data["chosen"].append(int(iid))
+        sid = self._item("servers", sid, "server")["id"]
+        self.data["restarted"] = sorted(set(self.data["restarted"]) | {sid})  # a set: the order is not the task
         raise redirect("/")
