@@ -27,6 +27,7 @@ from collections.abc import Callable
 from harness_env.desktop import plan as p
 from harness_env.desktop.session import App
 from harness_env.tasks.loader import new_task_dir
+from harness_env.tasks.templated import held_out, pairs, round_robin
 
 CATEGORY = "desktop"
 SIZE = (1024, 768)
@@ -319,8 +320,7 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
 
 def split_of(template: str, index: int) -> str:
     """Every 5th variant index of a template is held out, at a per-template offset (a stable hash)."""
-    h = int(hashlib.sha256(f"desktop/{template}".encode()).hexdigest()[:8], 16)
-    return "heldout" if (h + index) % 5 == 0 else "train"
+    return held_out("desktop", template, index)
 
 
 def variant(template: str, index: int) -> dict:
@@ -355,19 +355,12 @@ def write_task(out_dir: str | pathlib.Path, template: str, index: int) -> pathli
 
 
 def variants(split: str, per_template: int) -> list[tuple[str, int]]:
-    if split not in ("train", "heldout", "all"):
-        raise ValueError(f"split {split!r} not in train|heldout|all")
-    return [(t, i) for t in TEMPLATES for i in range(per_template) if split == "all" or split_of(t, i) == split]
+    return pairs(TEMPLATES, split_of, split, per_template)
 
 
 def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = None, seed: int = 0,
              per_template: int = 10) -> list[pathlib.Path]:
     """Writes n tasks of `split` (all when None) from `per_template` variants of every template, shuffled by
     `seed`, round-robin over templates first so that a small n still covers them."""
-    vs = variants(split, per_template)
-    random.Random(seed).shuffle(vs)
-    by_t: dict[str, list[int]] = {}
-    for t, i in vs:
-        by_t.setdefault(t, []).append(i)
-    order = [(t, idx[r]) for r in range(per_template) for t, idx in sorted(by_t.items()) if r < len(idx)]
+    order = round_robin(variants(split, per_template), seed, per_template)
     return [write_task(out_dir, t, i) for t, i in order[: n if n is not None else len(order)]]

@@ -12,12 +12,12 @@ template, as in the web family.
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 import random
 from collections.abc import Callable
 
-from harness_env.tasks.web_family import START, eq, pick, round_robin, site, write_site_task
+from harness_env.tasks.templated import held_out, pairs, round_robin
+from harness_env.tasks.web_family import START, eq, pick, site, write_site_task
 
 CATEGORY = "visual"
 COLOURS = {"red": "#d62728", "green": "#2ca02c", "blue": "#1f77b4", "yellow": "#f2c80f", "purple": "#9467bd",
@@ -27,16 +27,21 @@ SHAPES = ("star", "heart", "circle", "triangle", "square", "diamond")
 HOSTS = ("web", "db", "cache", "queue", "auth", "mail", "search", "api")
 
 
+def choose_one(rng, kind: str, title: str, items: str, config: list[dict], what: str, described: list[str]) -> dict:
+    """A page of cards `what` 1..N (config[items], drawn); the task names card k by `described[k]` only; the
+    plausible mistake chooses another card."""
+    k = rng.randrange(len(config))
+    other = rng.choice([j for j in range(len(config)) if j != k])
+    click = lambda j: [("goto", "/"), ("click", "button", f"Choose {what} {j + 1}")]  # noqa: E731
+    q = f"On {START}/, choose the {described[k]} (exactly one choice)."
+    return dict(site=site(kind, title, {items: config}, {"chosen": []}), query=q, checks=[eq("chosen", [k + 1])],
+                plan=click(k), wrong=click(other))
+
+
 def t_pick_colour(rng):
     names = pick(rng, sorted(COLOURS), 6)
     swatches = [{"id": i + 1, "rgb": COLOURS[c]} for i, c in enumerate(names)]
-    k = rng.randrange(6)
-    other = rng.choice([j for j in range(6) if j != k])
-    s = site("palette", "Colour Picker", {"swatches": swatches}, {"chosen": []})
-    plan = [("goto", "/"), ("click", "button", f"Choose swatch {k + 1}")]
-    wrong = [("goto", "/"), ("click", "button", f"Choose swatch {other + 1}")]
-    q = f"On {START}/, choose the {names[k]} swatch (exactly one choice)."
-    return dict(site=s, query=q, checks=[eq("chosen", [k + 1])], plan=plan, wrong=wrong)
+    return choose_one(rng, "palette", "Colour Picker", "swatches", swatches, "swatch", [f"{c} swatch" for c in names])
 
 
 def t_restart_red(rng):
@@ -57,13 +62,7 @@ def t_restart_red(rng):
 def t_pick_icon(rng):
     shapes = pick(rng, list(SHAPES), 6)
     icons = [{"id": i + 1, "shape": sh, "rgb": COLOURS[pick(rng, sorted(COLOURS))]} for i, sh in enumerate(shapes)]
-    k = rng.randrange(6)
-    other = rng.choice([j for j in range(6) if j != k])
-    s = site("icons", "Icon Board", {"icons": icons}, {"chosen": []})
-    plan = [("goto", "/"), ("click", "button", f"Choose icon {k + 1}")]
-    wrong = [("goto", "/"), ("click", "button", f"Choose icon {other + 1}")]
-    q = f"On {START}/, choose the icon shaped like a {shapes[k]} (exactly one choice)."
-    return dict(site=s, query=q, checks=[eq("chosen", [k + 1])], plan=plan, wrong=wrong)
+    return choose_one(rng, "icons", "Icon Board", "icons", icons, "icon", [f"icon shaped like a {sh}" for sh in shapes])
 
 
 TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
@@ -74,8 +73,7 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
 
 
 def split_of(template: str, index: int) -> str:
-    h = int(hashlib.sha256(f"visual/{template}".encode()).hexdigest()[:8], 16)
-    return "heldout" if (h + index) % 5 == 0 else "train"
+    return held_out("visual", template, index)
 
 
 def variant(template: str, index: int) -> dict:
@@ -94,9 +92,7 @@ def write_task(out_dir: str | pathlib.Path, template: str, index: int) -> pathli
 
 
 def variants(split: str, per_template: int) -> list[tuple[str, int]]:
-    if split not in ("train", "heldout", "all"):
-        raise ValueError(f"split {split!r} not in train|heldout|all")
-    return [(t, i) for t in TEMPLATES for i in range(per_template) if split == "all" or split_of(t, i) == split]
+    return pairs(TEMPLATES, split_of, split, per_template)
 
 
 def generate(out_dir: str | pathlib.Path, split: str = "train", n: int | None = None, seed: int = 0,

@@ -18,7 +18,6 @@ HTTP-level mini browser (harness_env/web/minibrowser.py) that validates every ch
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import random
@@ -26,6 +25,7 @@ import shutil
 from collections.abc import Callable
 
 from harness_env.tasks.loader import new_task_dir
+from harness_env.tasks.templated import held_out, pairs, round_robin
 
 CATEGORY = "web"
 PORT = 8000
@@ -446,8 +446,7 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
 def split_of(template: str, index: int) -> str:
     """Every 5th variant index of a template is held out, at a per-template offset (a stable hash): 20% of
     each template, so every template is in both splits."""
-    h = int(hashlib.sha256(f"web/{template}".encode()).hexdigest()[:8], 16)
-    return "heldout" if (h + index) % 5 == 0 else "train"
+    return held_out("web", template, index)
 
 
 def variant(template: str, index: int) -> dict:
@@ -507,9 +506,7 @@ def write_site_task(out_dir: str | pathlib.Path, tid: str, v: dict, metadata: di
 
 
 def variants(split: str, per_template: int) -> list[tuple[str, int]]:
-    if split not in ("train", "heldout", "all"):
-        raise ValueError(f"split {split!r} not in train|heldout|all")
-    return [(t, i) for t in TEMPLATES for i in range(per_template) if split == "all" or split_of(t, i) == split]
+    return pairs(TEMPLATES, split_of, split, per_template)
 
 
 def generate(
@@ -520,12 +517,3 @@ def generate(
     order = round_robin(variants(split, per_template), seed, per_template)
     return [write_task(out_dir, t, i) for t, i in order[: n if n is not None else len(order)]]
 
-
-def round_robin(vs: list[tuple[str, int]], seed: int, per_template: int) -> list[tuple[str, int]]:
-    """(template, index) pairs shuffled by `seed`, then taken round-robin over templates."""
-    vs = list(vs)
-    random.Random(seed).shuffle(vs)
-    by_t: dict[str, list[int]] = {}
-    for t, i in vs:
-        by_t.setdefault(t, []).append(i)
-    return [(t, idx[r]) for r in range(per_template) for t, idx in sorted(by_t.items()) if r < len(idx)]
